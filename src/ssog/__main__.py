@@ -1,0 +1,3 @@
+from ssog.cli import main
+
+raise SystemExit(main())
