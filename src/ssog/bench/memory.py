@@ -1,0 +1,99 @@
+"""Peak allocated memory of a callable, on CUDA and on CPU, and out-of-memory detection.
+
+Both devices report the same quantity: the bytes of the tensors that are already resident
+when the call starts and that the caller names (model parameters and buffers, inputs),
+plus the highest number of bytes the call itself had allocated at any moment.
+
+- CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus what
+  was allocated when the call started (the caching allocator's *allocated* bytes, not its
+  reserved pool).
+- CPU: the CPU allocator reports every allocation and free made while ``torch.profiler``
+  runs with ``profile_memory=True``; the peak is the running sum of those sizes in time
+  order. This counts what the allocator handed out, including buffers that operators
+  allocate internally, and nothing else: not the process's resident size, not memory that
+  the Python interpreter or libraries allocate outside PyTorch's allocator.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["is_out_of_memory", "module_bytes", "peak_memory", "tensor_bytes"]
+
+_CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and tied weights count once)."""
+    seen: dict[tuple[torch.device, int], int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[(tensor.device, storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def module_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers."""
+    return tensor_bytes([*module.parameters(), *module.buffers()])
+
+
+def peak_memory(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    resident: Iterable[torch.Tensor] = (),
+) -> int:
+    """Peak bytes while ``fn()`` runs: ``resident`` tensors plus the call's own peak allocation.
+
+    ``fn``'s result is dropped before the measurement ends, so only memory it holds while
+    running counts. Call it after a warmup so that one-time allocations (lazy
+    initialisation, cuDNN/oneDNN workspaces) do not inflate the peak. ``fn`` must not free
+    tensors that existed before it started (on CPU such frees are not seen).
+    """
+    device = torch.device(device)
+    base = tensor_bytes(resident)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        allocated = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return base + torch.cuda.max_memory_allocated(device) - allocated
+    if device.type != "cpu":
+        raise ValueError(f"peak_memory supports 'cpu' and 'cuda' devices, got {str(device)!r}")
+    return base + _cpu_peak_allocated(fn)
+
+
+def _cpu_peak_allocated(fn: Callable[[], Any]) -> int:
+    # Kineto logs a spurious "gpuGetDeviceCount failed" error on machines without a GPU.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        fn()
+    # One "[memory]" event per allocation (positive size) or free (negative) of a block
+    # allocated while profiling; the allocator does not report frees of older blocks.
+    events = sorted(
+        (
+            (event.start_ns(), event.nbytes())
+            for event in prof.profiler.kineto_results.events()
+            if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
+        ),
+        key=lambda event: event[0],
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (CUDA OOM or a failed CPU allocation)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        message in str(error).lower() for message in _CPU_OOM_MESSAGES
+    )

@@ -1,0 +1,128 @@
+"""Timing of a callable: warmup, measured iterations and a robust summary.
+
+Each measured iteration is timed on its own so that the summary can report a median and a
+spread instead of a mean that one slow iteration (another process waking up, a page fault)
+drags along. On CUDA an iteration is the time between two CUDA events recorded around the
+call, i.e. the device time of the work it queued; on CPU it is ``time.perf_counter``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["TimingStats", "resolve_device", "synchronize", "time_callable"]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` -> CUDA if available else CPU; ``"cpu"``/``"cuda[:i]"`` as given.
+
+    Raises ValueError for other device types or a CUDA request on a machine without one.
+    """
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"unknown device {device!r}; expected 'auto', 'cpu' or 'cuda[:i]'") from error
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {str(device)!r}; expected 'auto', 'cpu' or 'cuda[:i]'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available on this machine")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all work queued on ``device`` (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Durations of the measured iterations, in seconds, in measurement order."""
+
+    samples: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("TimingStats needs at least one sample")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def q1(self) -> float:
+        """First quartile (inclusive method; equals the sample when there is only one)."""
+        return self._quartiles()[0]
+
+    @property
+    def q3(self) -> float:
+        return self._quartiles()[2]
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    @property
+    def max(self) -> float:
+        return max(self.samples)
+
+    def _quartiles(self) -> list[float]:
+        if len(self.samples) == 1:
+            return [self.samples[0]] * 3
+        return statistics.quantiles(self.samples, n=4, method="inclusive")
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Summary in seconds: median, quartiles, extremes and the number of iterations."""
+        return {
+            "median_s": self.median,
+            "q1_s": self.q1,
+            "q3_s": self.q3,
+            "min_s": self.min,
+            "max_s": self.max,
+            "iters": len(self.samples),
+        }
+
+
+def time_callable(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 10,
+    iters: int = 50,
+) -> TimingStats:
+    """Call ``fn`` ``warmup`` times untimed, then ``iters`` times timed one by one.
+
+    ``fn`` takes no arguments; its result is discarded. ``device`` selects the clock: CUDA
+    events on a CUDA device, ``time.perf_counter`` otherwise.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    if device.type == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(iters)
+        ]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        synchronize(device)
+        return TimingStats(tuple(start.elapsed_time(end) / 1e3 for start, end in events))
+    samples = []
+    for _ in range(iters):
+        begin = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - begin)
+    return TimingStats(tuple(samples))
