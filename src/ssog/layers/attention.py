@@ -1,0 +1,52 @@
+"""``MultiHeadAttention``: the dense baseline on fused scaled-dot-product attention."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._tokens import check_tokens
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention with fused q/k/v (``qkv``) and output (``proj``) projections.
+
+    Parameter names and counts match timm's ``Attention``, so a ViT built on it has exactly
+    timm's parameter count. ``forward(x, grid_size)`` takes the grid only to share the token
+    mixers' signature (and to check the token count); attention itself ignores geometry.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        num_prefix_tokens: int = 1,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or num_heads <= 0 or dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.num_prefix_tokens = num_prefix_tokens
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _qkv(self, x: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+        batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
+        qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qkv.unbind(0)  # each (B, H, T, d)
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """``x (B, T, dim)`` -> same shape."""
+        q, k, v = self._qkv(x, grid_size)
+        dropout = self.attn_drop if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(x.shape)))
+
+    def attention_matrix(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """Softmax attention weights ``(B, H, T, T)`` (rows sum to 1)."""
+        q, k, _ = self._qkv(x, grid_size)
+        return (q @ k.transpose(-1, -2) * self.head_dim**-0.5).softmax(dim=-1)

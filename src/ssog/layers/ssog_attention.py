@@ -1,0 +1,210 @@
+"""``SSoGAttention``: the SSoG token mixer as a drop-in for self-attention (SPEC §1)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..ops import BACKENDS, mix, ssog_matrix
+from ._tokens import check_tokens, prefix_mean_rows
+
+STEERABLE = ("mu", "sigma", "lambda")
+
+
+def _inverse_softplus(y: Tensor) -> Tensor:
+    """``softplus^{-1}(y)`` for ``y > 0``, stable for large ``y``."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+def multiscale_widths(num_heads: int, num_atoms: int, low: float = 0.5, high: float = 4.0) -> Tensor:
+    """Initial widths ``(H, R)``: a geometric ladder from ``low`` to ``high`` tokens.
+
+    Atoms of a head step through the ladder (so every head starts multi-scale: a sharp
+    atom, a broad one, and some in between), and each head is shifted by a fraction of a
+    step, so that heads do not start identical.
+    """
+    steps = num_atoms * num_heads
+    ladder = low * (high / low) ** (torch.arange(steps, dtype=torch.float64) / max(steps - 1, 1))
+    return ladder.view(num_atoms, num_heads).t().float()
+
+
+class SSoGAttention(nn.Module):
+    """Mix patch tokens with a learned sum of separable Gaussians per head.
+
+    ``x -> proj(concat_h A_h (x W_v)_h)``: a value and an output projection, no query or
+    key. ``A_h = sum_r lambda_r Ky_r (x) Kx_r`` with row-normalised Gaussian kernels whose
+    centre ``mu`` (relative to the query) and width ``sigma = sigma_min + softplus(rho)``
+    are in token units, and ``lambda = softmax(logits)``.
+
+    Initialisation: ``mu = 0`` (a blur around the query), widths on a geometric ladder
+    from 0.5 to 4 tokens spread over the atoms and heads (:func:`multiscale_widths`,
+    never below ``sigma_min + 0.05``), equal mixture weights.
+
+    Steering (``steer`` any subset of ``{"mu", "sigma", "lambda"}``) makes those
+    parameters depend on the query token ``u`` (the block's normalised input)::
+
+        mu_q     = mu + g_mu * M * tanh(W_mu u)
+        sigma_q  = sigma_min + softplus(rho + g_sigma * W_sigma u)
+        lambda_q = softmax(logits + g_lambda * W_lambda u)
+
+    with per-head gates ``g = sigmoid(alpha)``, ``alpha`` starting at ``steer_gate_init``
+    (``-8``: cold, the layer starts as the fixed operator) and ``M = steer_radius`` tokens.
+
+    Prefix tokens (CLS, registers): patch queries never read them; a prefix query's output
+    is the mean of the patch values.
+
+    Args:
+        dim: token width ``D``; num_heads: ``H`` (must divide ``D``); num_atoms: ``R``.
+        sigma_min: width floor in tokens (> 0). backend: see :func:`ssog.ops.ssog_mix`.
+        qkv_bias: bias of the value projection (named for drop-in use with timm blocks).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_atoms: int = 4,
+        sigma_min: float = 0.25,
+        steer: Iterable[str] = (),
+        steer_radius: float = 4.0,
+        steer_gate_init: float = -8.0,
+        num_prefix_tokens: int = 1,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or num_heads <= 0 or dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        if num_atoms < 1:
+            raise ValueError(f"num_atoms must be >= 1, got {num_atoms}")
+        if not sigma_min > 0:
+            raise ValueError(f"sigma_min must be > 0 (tokens), got {sigma_min}")
+        if not steer_radius > 0:
+            raise ValueError(f"steer_radius must be > 0 (tokens), got {steer_radius}")
+        if num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        steer = tuple(steer)
+        unknown = sorted(set(steer) - set(STEERABLE))
+        if unknown:
+            raise ValueError(f"cannot steer {unknown}; steer must be a subset of {STEERABLE}")
+
+        self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
+        self.head_dim = dim // num_heads
+        self.sigma_min = float(sigma_min)
+        self.steer = tuple(name for name in STEERABLE if name in steer)
+        self.steer_radius = float(steer_radius)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.backend = backend
+
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+        widths = multiscale_widths(num_heads, num_atoms).clamp_min(self.sigma_min + 0.05)
+        self.mu = nn.Parameter(torch.zeros(num_heads, num_atoms, 2))
+        rho = _inverse_softplus(widths - self.sigma_min)
+        self.rho = nn.Parameter(rho.unsqueeze(-1).repeat(1, 1, 2))
+        self.logits = nn.Parameter(torch.zeros(num_heads, num_atoms))
+
+        components = {"mu": 2, "sigma": 2, "lambda": 1}
+        self.steer_proj = nn.ModuleDict(
+            {name: nn.Linear(dim, num_heads * num_atoms * components[name], bias=False) for name in self.steer}
+        )
+        self.steer_gate = nn.ParameterDict(
+            {name: nn.Parameter(torch.full((num_heads,), float(steer_gate_init))) for name in self.steer}
+        )
+
+    # ------------------------------------------------------------------ parameters
+    def sigma(self) -> Tensor:
+        """Fixed widths ``(H, R, 2)`` in tokens."""
+        return self.sigma_min + F.softplus(self.rho)
+
+    def weight(self) -> Tensor:
+        """Fixed mixture weights ``(H, R)``."""
+        return self.logits.softmax(dim=-1)
+
+    def kernel_parameters(self) -> dict[str, Tensor]:
+        """The fixed (unsteered) mixture: ``mu, sigma (H, R, 2)`` and ``weight (H, R)``."""
+        return {"mu": self.mu, "sigma": self.sigma(), "weight": self.weight()}
+
+    def mixture(self, patches: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Mixture parameters, fixed or steered by the patch tokens ``(B, N, D)``.
+
+        Returns ``mu, sigma`` ``(H, R, 2)`` and ``weight (H, R)`` without steering, else
+        ``(B, H, N, R, 2)`` and ``(B, H, N, R)``.
+        """
+        if not self.steer:
+            return self.mu, self.sigma(), self.weight()
+        if patches is None:
+            raise ValueError("a steered SSoGAttention needs the patch tokens to compute its mixture")
+        batch, n, _ = patches.shape
+        heads, atoms = self.num_heads, self.num_atoms
+
+        def steering(name: str, components: int) -> Tensor:
+            out = self.steer_proj[name](patches).view(batch, n, heads, atoms, components).transpose(1, 2)
+            gate = torch.sigmoid(self.steer_gate[name]).view(1, heads, 1, 1, 1)
+            return gate * out  # (B, H, N, R, components)
+
+        shape = (batch, heads, n, atoms)
+        mu = self.mu.unsqueeze(1).expand(*shape, 2)
+        rho = self.rho.unsqueeze(1).expand(*shape, 2)
+        logits = self.logits.unsqueeze(1).expand(*shape)
+        if "mu" in self.steer:
+            mu = mu + self.steer_radius * torch.tanh(steering("mu", 2))
+        if "sigma" in self.steer:
+            rho = rho + steering("sigma", 2)
+        if "lambda" in self.steer:
+            logits = logits + steering("lambda", 1).squeeze(-1)
+        return mu, self.sigma_min + F.softplus(rho), logits.softmax(dim=-1)
+
+    @torch.no_grad()
+    def rescale_kernels(self, scale: float) -> None:
+        """Scale centres and widths (tokens) by ``scale``, e.g. the grid ratio when the same
+        image is cut into smaller patches, so each Gaussian covers the same image area."""
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        sigma = self.sigma() * scale
+        self.mu.mul_(scale)
+        self.rho.copy_(_inverse_softplus((sigma - self.sigma_min).clamp_min(1e-4)))
+        self.steer_radius *= scale
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """``x (B, P + Hg*Wg, dim)`` -> same shape."""
+        batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
+        prefix, heads, head_dim = self.num_prefix_tokens, self.num_heads, self.head_dim
+        values = self.v(x).view(batch, tokens, heads, head_dim)
+        patch_values = values[:, prefix:].transpose(1, 2)  # (B, H, N, d)
+        mu, sigma, weight = self.mixture(x[:, prefix:])
+        mixed = mix(patch_values, mu, sigma, weight, grid_size, self.backend)
+
+        out = values.new_empty(batch, tokens, heads, head_dim)
+        out[:, prefix:] = mixed.transpose(1, 2)
+        if prefix:
+            out[:, :prefix] = patch_values.mean(dim=2).unsqueeze(1)
+        return self.proj_drop(self.proj(out.view(batch, tokens, self.dim)))
+
+    def attention_matrix(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """The row-stochastic mixing matrix ``(B, H, P+N, P+N)`` this layer applies to ``x``."""
+        batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
+        prefix = self.num_prefix_tokens
+        mu, sigma, weight = self.mixture(x[:, prefix:])
+        patch_block = ssog_matrix(mu, sigma, weight, grid_size)
+        if patch_block.dim() == 3:
+            patch_block = patch_block.expand(batch, -1, -1, -1)
+        return prefix_mean_rows(patch_block, prefix)
+
+    def extra_repr(self) -> str:
+        steer = ",".join(self.steer) or "none"
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, num_atoms={self.num_atoms}, "
+            f"sigma_min={self.sigma_min}, steer={steer}, backend={self.backend}"
+        )
+
+
+__all__ = ["SSoGAttention", "STEERABLE", "multiscale_widths"]

@@ -1,0 +1,231 @@
+"""Public SSoG operator: ``ssog_matrix`` (the dense definition) and ``ssog_mix`` (fast).
+
+Shapes (SPEC §4), with ``N = Hg * Wg`` patch tokens on a row-major grid:
+
+- values ``v``: ``(B, H, N, d)``
+- fixed parameters: ``mu, sigma (H, R, 2)``, ``weight (H, R)``
+- steered parameters: ``mu, sigma (B, H, N, R, 2)``, ``weight (B, H, N, R)``
+
+The last axis of ``mu``/``sigma`` is ``(y, x)``, in token units; ``mu`` is relative to the
+query. ``weight`` is used as given (the layer passes a softmax, so rows of ``A`` sum to 1).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from . import backends
+from .kernels import fixed_axis_kernels, kernel_dtype
+
+BACKENDS = ("auto", "dense", "separable", "local")
+
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("ssog_forced_backend", default=None)
+
+
+@contextlib.contextmanager
+def forced_backend(name: str) -> Iterator[None]:
+    """Run every ``ssog_mix`` inside the block with backend ``name``, whatever was asked.
+
+    FLOP counting uses ``forced_backend("separable")`` so that mixing is counted in its
+    separable form (``2 R N (Hg + Wg) d`` per head) whichever backend a model was built with.
+    """
+    _check_backend(name)
+    token = _forced.set(name)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    """The dense mixing matrix ``A``: ``(H, N, N)`` fixed or ``(B, H, N, N)`` steered.
+
+    ``A[q, j] = sum_r weight_r * ky_r(q_y, j_y) * kx_r(q_x, j_x)`` with row-normalised
+    Gaussian ``ky``/``kx`` (SPEC §1). Computed in float32 (float64 for float64 input).
+    """
+    grid_size = _check_grid(grid_size)
+    steered = _check_parameters(mu, sigma, weight, grid_size, batch_heads=None)
+    _check_widths(sigma)
+    mu, sigma, weight = _kernel_precision(mu, sigma, weight, mu.dtype)
+    if steered:
+        return backends.steered_matrix(mu, sigma, weight, grid_size)
+    ky, kx = _fixed_kernels(mu, sigma, weight, grid_size)
+    heads, n = ky.shape[0], grid_size[0] * grid_size[1]
+    return torch.einsum("hryj,hrxi->hyxji", ky, kx).reshape(heads, n, n)
+
+
+def ssog_mix(
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    backend: str = "auto",
+    local_tolerance: float = backends.LOCAL_TOLERANCE,
+) -> Tensor:
+    """Mix values with a sum of separable Gaussians: ``out = A @ v`` without forming ``A``.
+
+    Args:
+        v: ``(B, H, N, d)`` patch values (any float dtype; kernels are built in fp32).
+        mu, sigma, weight: fixed or steered mixture parameters (module docstring).
+        grid_size: ``(Hg, Wg)`` with ``Hg * Wg == N``.
+        backend: ``"dense"``, ``"separable"``, ``"local"`` (fixed kernels only) or
+            ``"auto"`` (cost model, :func:`choose_backend`).
+        local_tolerance: the local backend drops keys whose kernel value is below this
+            fraction of their row's peak and renormalises the rows; each output then
+            differs from the exact one by at most about ``local_tolerance * window``
+            of the values' scale.
+
+    Returns:
+        ``(B, H, N, d)`` in the dtype of ``v``.
+    """
+    grid_size = _check_grid(grid_size)
+    if v.dim() != 4:
+        raise ValueError(f"v must be (B, H, N, d), got shape {tuple(v.shape)}")
+    if not v.is_floating_point():
+        raise ValueError(f"v must be a floating-point tensor, got {v.dtype}")
+    batch, heads, n, _ = v.shape
+    if n != grid_size[0] * grid_size[1]:
+        raise ValueError(
+            f"v has N={n} tokens but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}"
+        )
+    steered = _check_parameters(mu, sigma, weight, grid_size, batch_heads=(batch, heads))
+    _check_backend(backend)
+    if not 0.0 < local_tolerance < 1.0:
+        raise ValueError(f"local_tolerance must be in (0, 1), got {local_tolerance}")
+    _check_widths(sigma)
+    return mix(v, mu, sigma, weight, grid_size, backend, local_tolerance)
+
+
+def mix(
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    backend: str = "auto",
+    local_tolerance: float = backends.LOCAL_TOLERANCE,
+) -> Tensor:
+    """``ssog_mix`` without input validation, for callers whose shapes hold by construction."""
+    steered = mu.dim() == 5
+    backend = _forced.get() or backend
+    if backend == "auto":
+        backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device)
+    if steered and backend == "local":
+        raise ValueError("the local backend supports fixed kernels only; use dense or separable")
+    mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
+    with torch.autocast(v.device.type, enabled=False):
+        if steered:
+            return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=backend == "separable")
+        ky, kx = _fixed_kernels(mu, sigma, weight, grid_size)
+        if backend == "dense":
+            return backends.fixed_dense(v, ky, kx)
+        if backend == "separable":
+            return backends.fixed_separable(v, ky, kx)
+        ky = backends.truncate_kernels(ky, local_tolerance)
+        kx = backends.truncate_kernels(kx, local_tolerance)
+        return backends.fixed_separable(v, ky, kx, key_rows=backends.key_row_spans(ky))
+
+
+def choose_backend(
+    value_shape: torch.Size | tuple[int, ...],
+    grid_size: tuple[int, int],
+    num_atoms: int,
+    steered: bool,
+    device: torch.device,
+) -> str:
+    """Pick the cheapest backend for fixed or steered kernels by a cost model.
+
+    Multiply-adds per call, with ``BH`` batch*heads and ``N = Hg*Wg``:
+
+    - dense: ``BH N^2 d`` plus building ``A`` once per head (``H R N^2``, element-wise,
+      weighted as ``BUILD_COST`` MACs each);
+    - separable: ``BH R N (Hg + Wg) d``, with a penalty for its many small GEMMs
+      (``SEPARABLE_OVERHEAD``, larger on accelerators where launches dominate small work).
+
+    Steered kernels always use ``dense``: building a row of ``A`` per query costs
+    ``N (R + d)``, against ``R N (Wg + 1) d`` for the separable contraction.
+    """
+    if steered:
+        return "dense"
+    batch, heads, n, dim = value_shape
+    rows, cols = grid_size
+    build_cost = 8.0
+    separable_overhead = 1.3 if device.type == "cpu" else 3.0
+    dense_cost = batch * heads * n * n * dim + heads * num_atoms * n * n * build_cost
+    separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
+    dense_bytes = heads * n * n * 4
+    if dense_cost <= separable_cost and dense_bytes <= 4 * backends.SEPARABLE_BLOCK_BYTES:
+        return "dense"
+    return "separable"
+
+
+# ----------------------------------------------------------------------------- helpers
+def _fixed_kernels(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """``ky (H, R, Hg, Hg)`` with the mixture weights folded in and ``kx (H, R, Wg, Wg)``."""
+    rows, cols = grid_size
+    ky = fixed_axis_kernels(mu[..., 0], sigma[..., 0], rows) * weight[..., None, None]
+    kx = fixed_axis_kernels(mu[..., 1], sigma[..., 1], cols)
+    return ky, kx
+
+
+def _kernel_precision(mu: Tensor, sigma: Tensor, weight: Tensor, value_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    dtype = kernel_dtype(torch.promote_types(value_dtype, mu.dtype))
+    return mu.to(dtype), sigma.to(dtype), weight.to(dtype)
+
+
+def _check_backend(name: str) -> None:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def _check_widths(sigma: Tensor) -> None:
+    if sigma.device.type != "meta" and bool((sigma <= 0).any()):
+        raise ValueError("sigma must be > 0 everywhere (widths are in token units)")
+
+
+def _check_grid(grid_size: tuple[int, int]) -> tuple[int, int]:
+    try:
+        rows, cols = (int(s) for s in grid_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"grid_size must be a pair (Hg, Wg) of positive ints, got {grid_size!r}") from None
+    if rows <= 0 or cols <= 0:
+        raise ValueError(f"grid_size must be positive, got {(rows, cols)}")
+    return rows, cols
+
+
+def _check_parameters(
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    batch_heads: tuple[int, int] | None,
+) -> bool:
+    """Validate shapes; return True for steered (per-query) parameters."""
+    if mu.dim() == 3:
+        heads, atoms, _ = mu.shape
+        expected_mu, expected_weight = (heads, atoms, 2), (heads, atoms)
+        if batch_heads is not None and heads != batch_heads[1]:
+            raise ValueError(f"mu has {heads} heads but v has {batch_heads[1]}")
+        steered = False
+    elif mu.dim() == 5:
+        batch, heads, n, atoms, _ = mu.shape
+        expected_mu, expected_weight = (batch, heads, n, atoms, 2), (batch, heads, n, atoms)
+        if batch_heads is not None and (batch, heads) != batch_heads:
+            raise ValueError(f"steered mu has (B, H) = {(batch, heads)} but v has {batch_heads}")
+        if n != grid_size[0] * grid_size[1]:
+            raise ValueError(f"steered mu has N={n} queries but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}")
+        steered = True
+    else:
+        raise ValueError(f"mu must be (H, R, 2) fixed or (B, H, N, R, 2) steered, got shape {tuple(mu.shape)}")
+    if tuple(mu.shape) != expected_mu:
+        raise ValueError(f"mu must end in 2 (y, x) components: expected shape {expected_mu}, got {tuple(mu.shape)}")
+    if tuple(sigma.shape) != expected_mu:
+        raise ValueError(f"sigma must have the shape of mu {expected_mu}, got {tuple(sigma.shape)}")
+    if tuple(weight.shape) != expected_weight:
+        raise ValueError(f"weight must have shape {expected_weight}, got {tuple(weight.shape)}")
+    return steered

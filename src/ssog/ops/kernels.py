@@ -1,0 +1,70 @@
+"""The SSoG kernels: row-normalised 1-D Gaussians over a token grid (SPEC §1).
+
+Everything here is a pure function of the mixture parameters; nothing touches the values.
+Positions and widths are in token units. Kernels are built in float32 (float64 when asked)
+whatever the dtype of the values they will be applied to: a softmax over squared distances
+in fp16 loses the tails that border renormalisation relies on.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def kernel_dtype(value_dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 values, float32 for everything else (fp16, bf16, fp32)."""
+    return torch.float64 if value_dtype == torch.float64 else torch.float32
+
+
+def gaussian_rows(center: Tensor, sigma: Tensor, length: int) -> Tensor:
+    """Row-normalised Gaussians over key positions ``0..length-1``.
+
+    Args:
+        center: ``(...)`` absolute centre of each row (query position + offset), tokens.
+        sigma: ``(...)`` width of each row, tokens, > 0.
+        length: number of key positions along the axis.
+
+    Returns:
+        ``(..., length)``: ``softmax_j(-(j - center)^2 / (2 sigma^2))``. The softmax is the
+        border renormalisation: every row sums to 1 inside the grid, whatever the centre.
+    """
+    keys = torch.arange(length, device=center.device, dtype=center.dtype)
+    z = (keys - center.unsqueeze(-1)) / sigma.unsqueeze(-1)
+    return torch.softmax(-0.5 * z.square(), dim=-1)
+
+
+def fixed_axis_kernels(mu: Tensor, sigma: Tensor, length: int) -> Tensor:
+    """1-D kernel matrices of content-independent atoms along one axis.
+
+    Args:
+        mu, sigma: ``(H, R)`` offset and width of each atom along this axis, tokens.
+        length: grid length along this axis.
+
+    Returns:
+        ``(H, R, length, length)`` indexed ``[h, r, query, key]``; rows sum to 1.
+    """
+    queries = torch.arange(length, device=mu.device, dtype=mu.dtype)
+    center = queries + mu.unsqueeze(-1)  # (H, R, L)
+    return gaussian_rows(center, sigma.unsqueeze(-1).expand_as(center), length)
+
+
+def steered_axis_kernels(mu: Tensor, sigma: Tensor, query_pos: Tensor, length: int) -> Tensor:
+    """1-D kernel rows of query-dependent atoms along one axis.
+
+    Args:
+        mu, sigma: ``(B, H, Q, R)`` per-query offset and width along this axis, tokens.
+        query_pos: ``(Q,)`` position of each query along this axis.
+        length: grid length along this axis.
+
+    Returns:
+        ``(B, H, Q, R, length)`` kernel rows; each sums to 1.
+    """
+    center = query_pos.to(mu.dtype).view(-1, 1) + mu
+    return gaussian_rows(center, sigma, length)
+
+
+def query_positions(grid_size: tuple[int, int], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Row and column index of every token of a row-major ``Hg x Wg`` grid, each ``(N,)``."""
+    rows, cols = grid_size
+    index = torch.arange(rows * cols, device=device)
+    return index // cols, index % cols
