@@ -1,0 +1,303 @@
+"""ssog.ops: every backend against the dense definition, gradients, precision, bad input."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ssog.ops import choose_backend, forced_backend, gaussian_rows, ssog_matrix, ssog_mix
+
+GRIDS = [(5, 7), (4, 4), (1, 6), (6, 1)]
+FIXED_BACKENDS = ["dense", "separable", "local", "auto"]
+STEERED_BACKENDS = ["dense", "separable", "auto"]
+# The local backend truncates kernels at a relative tolerance; with a tolerance far below
+# the precision of the comparison it must be exact (its truncation logic still runs).
+EXACT_LOCAL = 1e-30
+
+
+def fixed_params(heads: int, atoms: int, dtype=torch.float64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    mu = 2.0 * torch.randn(heads, atoms, 2, generator=g, dtype=dtype)
+    sigma = 0.3 + 3.0 * torch.rand(heads, atoms, 2, generator=g, dtype=dtype)
+    weight = torch.randn(heads, atoms, generator=g, dtype=dtype).softmax(-1)
+    return mu, sigma, weight
+
+
+def steered_params(batch: int, heads: int, n: int, atoms: int, dtype=torch.float64, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    mu = 2.0 * torch.randn(batch, heads, n, atoms, 2, generator=g, dtype=dtype)
+    sigma = 0.3 + 2.0 * torch.rand(batch, heads, n, atoms, 2, generator=g, dtype=dtype)
+    weight = torch.randn(batch, heads, n, atoms, generator=g, dtype=dtype).softmax(-1)
+    return mu, sigma, weight
+
+
+def values(batch: int, heads: int, n: int, dim: int, dtype=torch.float64, seed: int = 2):
+    return torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def mix(v, mu, sigma, weight, grid, backend):
+    tolerance = EXACT_LOCAL if backend == "local" else 1e-6
+    return ssog_mix(v, mu, sigma, weight, grid, backend=backend, local_tolerance=tolerance)
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+# --------------------------------------------------------------------------- definition
+def test_gaussian_rows_match_formula():
+    center = torch.tensor([1.3, -4.0], dtype=torch.float64)
+    sigma = torch.tensor([0.7, 2.0], dtype=torch.float64)
+    rows = gaussian_rows(center, sigma, 6)
+    keys = torch.arange(6, dtype=torch.float64)
+    for i in range(2):
+        unnormalised = torch.exp(-((keys - center[i]) ** 2) / (2 * sigma[i] ** 2))
+        torch.testing.assert_close(rows[i], unnormalised / unnormalised.sum())
+
+
+def test_matrix_matches_definition_elementwise():
+    mu, sigma, weight = fixed_params(2, 3)
+    rows, cols = 3, 4
+    a = ssog_matrix(mu, sigma, weight, (rows, cols))
+    assert a.shape == (2, 12, 12)
+    h, q, j = 1, 5, 10
+    qy, qx, jy, jx = q // cols, q % cols, j // cols, j % cols
+    expected = 0.0
+    for r in range(3):
+        ky = gaussian_rows(qy + mu[h, r, 0:1], sigma[h, r, 0:1], rows)[0, jy]
+        kx = gaussian_rows(qx + mu[h, r, 1:2], sigma[h, r, 1:2], cols)[0, jx]
+        expected += weight[h, r] * ky * kx
+    assert math.isclose(a[h, q, j].item(), expected.item(), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_rows_sum_to_one(grid):
+    n = grid[0] * grid[1]
+    assert torch.allclose(ssog_matrix(*fixed_params(3, 4), grid).sum(-1), torch.ones(3, n, dtype=torch.float64))
+    steered = ssog_matrix(*steered_params(2, 3, n, 4), grid)
+    assert torch.allclose(steered.sum(-1), torch.ones(2, 3, n, dtype=torch.float64))
+
+
+def test_zero_offset_is_a_blur_peaking_at_the_query():
+    mu = torch.zeros(1, 1, 2)
+    a = ssog_matrix(mu, torch.full((1, 1, 2), 0.5), torch.ones(1, 1), (7, 7))[0]
+    assert torch.equal(a.argmax(-1), torch.arange(49))
+
+
+# ------------------------------------------------------------------ backends vs definition
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("atoms", [1, 4])
+@pytest.mark.parametrize("backend", FIXED_BACKENDS)
+def test_fixed_backends_match_dense_definition(grid, atoms, backend):
+    n = grid[0] * grid[1]
+    mu, sigma, weight = fixed_params(3, atoms)
+    v = values(2, 3, n, 5)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    assert relative_error(mix(v, mu, sigma, weight, grid, backend), expected) < 1e-10
+    out32 = mix(v.float(), mu.float(), sigma.float(), weight.float(), grid, backend)
+    assert out32.dtype == torch.float32
+    assert relative_error(out32.double(), expected) < 1e-5
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("atoms", [1, 4])
+@pytest.mark.parametrize("backend", STEERED_BACKENDS)
+def test_steered_backends_match_dense_definition(grid, atoms, backend):
+    n = grid[0] * grid[1]
+    mu, sigma, weight = steered_params(2, 3, n, atoms)
+    v = values(2, 3, n, 5)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    assert relative_error(mix(v, mu, sigma, weight, grid, backend), expected) < 1e-10
+    out32 = mix(v.float(), mu.float(), sigma.float(), weight.float(), grid, backend)
+    assert relative_error(out32.double(), expected) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["separable", "local"])
+def test_blocked_separable_path_matches_across_block_boundaries(backend, monkeypatch):
+    """Blocks that split batch*heads and query rows unevenly give the same answer."""
+    from ssog.ops import backends
+
+    monkeypatch.setattr(backends, "SEPARABLE_BLOCK_BYTES", 1)  # one row of one item per block
+    grid = (6, 5)
+    mu, sigma, weight = fixed_params(3, 2)
+    v = values(3, 3, 30, 4)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    result = mix(v, mu, sigma, weight, grid, backend)
+    assert relative_error(result, expected) < 1e-10
+
+
+def test_steered_query_chunks_match(monkeypatch):
+    from ssog.ops import backends
+
+    grid = (4, 5)
+    mu, sigma, weight = steered_params(2, 2, 20, 3)
+    v = values(2, 2, 20, 3)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    monkeypatch.setattr(backends, "STEERED_CHUNK_BYTES", 8 * 2 * 2 * 20 * 3)  # 3 queries a chunk
+    for backend in STEERED_BACKENDS:
+        assert relative_error(mix(v, mu, sigma, weight, grid, backend), expected) < 1e-10
+
+
+def test_local_backend_error_is_bounded_by_its_tolerance():
+    grid = (16, 16)
+    mu, sigma, weight = fixed_params(2, 4, seed=3)
+    v = values(1, 2, 256, 4)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    for tolerance in (1e-3, 1e-6, 1e-9):
+        out = ssog_mix(v, mu, sigma, weight, grid, backend="local", local_tolerance=tolerance)
+        # dropped keys each weigh < tolerance * peak <= tolerance; at most N per row
+        assert (out - expected).abs().max().item() <= tolerance * 256 * v.abs().max().item()
+
+
+# ---------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("backend", FIXED_BACKENDS)
+def test_fixed_gradients_match_dense_path(backend):
+    grid = (4, 5)
+    mu, sigma, weight = (t.requires_grad_() for t in fixed_params(2, 3))
+    v = values(2, 2, 20, 3).requires_grad_()
+    probe = values(2, 2, 20, 3, seed=9)
+    (ssog_matrix(mu, sigma, weight, grid) @ v).mul(probe).sum().backward()
+    expected = [t.grad.clone() for t in (v, mu, sigma, weight)]
+    for t in (v, mu, sigma, weight):
+        t.grad = None
+    mix(v, mu, sigma, weight, grid, backend).mul(probe).sum().backward()
+    for got, want in zip((v.grad, mu.grad, sigma.grad, weight.grad), expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", STEERED_BACKENDS)
+def test_steered_gradients_match_dense_path(backend):
+    grid = (3, 4)
+    mu, sigma, weight = (t.requires_grad_() for t in steered_params(2, 2, 12, 2))
+    v = values(2, 2, 12, 3).requires_grad_()
+    probe = values(2, 2, 12, 3, seed=9)
+    (ssog_matrix(mu, sigma, weight, grid) @ v).mul(probe).sum().backward()
+    expected = [t.grad.clone() for t in (v, mu, sigma, weight)]
+    for t in (v, mu, sigma, weight):
+        t.grad = None
+    mix(v, mu, sigma, weight, grid, backend).mul(probe).sum().backward()
+    for got, want in zip((v.grad, mu.grad, sigma.grad, weight.grad), expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", FIXED_BACKENDS)
+def test_fixed_gradcheck(backend):
+    grid = (3, 4)
+    mu, sigma, weight = (t.requires_grad_() for t in fixed_params(2, 2))
+    v = values(1, 2, 12, 2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: mix(*a, grid, backend), (v, mu, sigma, weight))
+
+
+@pytest.mark.parametrize("backend", STEERED_BACKENDS)
+def test_steered_gradcheck(backend):
+    grid = (2, 3)
+    mu, sigma, weight = (t.requires_grad_() for t in steered_params(1, 2, 6, 2))
+    v = values(1, 2, 6, 2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: mix(*a, grid, backend), (v, mu, sigma, weight))
+
+
+# ----------------------------------------------------------------------------- extremes
+@pytest.mark.parametrize("backend", FIXED_BACKENDS)
+def test_extreme_parameters_are_finite_and_correct(backend):
+    grid = (6, 7)
+    mu = torch.tensor([[[50.0, -50.0], [0.0, 0.0], [-3.0, 2.0]]], dtype=torch.float64)
+    sigma = torch.tensor([[[0.25, 0.25], [1000.0, 1000.0], [0.25, 1000.0]]], dtype=torch.float64)
+    weight = torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64)
+    v = values(2, 1, 42, 3)
+    a = ssog_matrix(mu, sigma, weight, grid)
+    assert torch.isfinite(a).all()
+    # centre 50 rows below and 50 columns left: all the atom's mass on the bottom-left key
+    corner = ssog_matrix(mu[:, :1], sigma[:, :1], torch.ones(1, 1, dtype=torch.float64), grid)[0]
+    assert torch.allclose(corner[:, 5 * 7 + 0], torch.ones(42, dtype=torch.float64))
+    # width 1000: uniform over the grid
+    wide = ssog_matrix(mu[:, 1:2], sigma[:, 1:2], torch.ones(1, 1, dtype=torch.float64), grid)
+    assert torch.allclose(wide, torch.full_like(wide, 1 / 42), rtol=1e-4)  # exp(-6^2 / 2e6) ~ 1 - 2e-5
+    out = mix(v, mu, sigma, weight, grid, backend)
+    assert torch.isfinite(out).all()
+    assert relative_error(out, a @ v) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", FIXED_BACKENDS)
+def test_half_precision_agrees_with_fp32(dtype, backend):
+    """Kernels are built in fp32; only the contraction runs in half precision.
+
+    Tolerance: a row of A sums to 1, so the result is a convex combination of values; its
+    error is that of rounding the values and kernels to half precision (2^-8 relative for
+    bf16, 2^-11 for fp16) plus fp32-accumulated rounding: we allow 4 units.
+    """
+    grid = (6, 6)
+    mu, sigma, weight = fixed_params(2, 4, dtype=torch.float32)
+    v = values(2, 2, 36, 8, dtype=torch.float32)
+    reference = mix(v, mu, sigma, weight, grid, "dense")
+    out = mix(v.to(dtype), mu, sigma, weight, grid, backend)
+    assert out.dtype == dtype
+    unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    assert relative_error(out.float(), reference) < 4 * unit
+
+
+# ------------------------------------------------------------------------ dispatch
+def test_auto_picks_dense_for_small_grids_and_separable_for_large():
+    cpu = torch.device("cpu")
+    assert choose_backend((4, 12, 16, 64), (4, 4), 4, False, cpu) == "dense"
+    assert choose_backend((4, 12, 4096, 64), (64, 64), 4, False, cpu) == "separable"
+    assert choose_backend((4, 12, 4096, 64), (64, 64), 4, True, cpu) == "dense"
+
+
+def test_forced_backend_overrides_and_restores(monkeypatch):
+    from ssog.ops import backends
+
+    calls = []
+    original = backends.fixed_separable
+    monkeypatch.setattr(backends, "fixed_separable", lambda *a, **k: calls.append(1) or original(*a, **k))
+    mu, sigma, weight = fixed_params(1, 2, dtype=torch.float32)
+    v = values(1, 1, 4, 2, dtype=torch.float32)
+    with forced_backend("separable"):
+        ssog_mix(v, mu, sigma, weight, (2, 2), backend="dense")
+    assert calls == [1]
+    ssog_mix(v, mu, sigma, weight, (2, 2), backend="dense")
+    assert calls == [1]
+
+
+def test_runs_on_meta_device():
+    mu, sigma, weight = (t.to("meta") for t in fixed_params(2, 4, dtype=torch.float32))
+    v = torch.empty(2, 2, 64, 8, device="meta")
+    for backend in ("dense", "separable"):
+        assert ssog_mix(v, mu, sigma, weight, (8, 8), backend=backend).shape == (2, 2, 64, 8)
+
+
+# ---------------------------------------------------------------------------- bad input
+BAD_INPUTS = [
+    ("grid", dict(grid=(4, 4)), "grid_size"),
+    ("grid_zero", dict(grid=(0, 20)), "positive"),
+    ("grid_type", dict(grid=5), "pair"),
+    ("v_rank", dict(v=torch.randn(2, 20, 3)), "(B, H, N, d)"),
+    ("v_int", dict(v=torch.ones(1, 2, 20, 3, dtype=torch.long)), "floating-point"),
+    ("mu_rank", dict(mu=torch.zeros(2, 3)), "mu must be"),
+    ("mu_last", dict(mu=torch.zeros(2, 3, 3)), "(y, x)"),
+    ("heads", dict(mu=torch.zeros(5, 3, 2), sigma=torch.ones(5, 3, 2), weight=torch.ones(5, 3)), "heads"),
+    ("sigma_shape", dict(sigma=torch.ones(2, 4, 2)), "sigma must have the shape"),
+    ("weight_shape", dict(weight=torch.ones(2, 4)), "weight must have shape"),
+    ("sigma_zero", dict(sigma=torch.zeros(2, 3, 2)), "sigma must be > 0"),
+    ("sigma_negative", dict(sigma=-torch.ones(2, 3, 2)), "sigma must be > 0"),
+    ("backend", dict(backend="flash"), "unknown backend"),
+    ("tolerance", dict(local_tolerance=0.0), "local_tolerance"),
+    ("steered_local", dict(
+        mu=torch.zeros(1, 2, 20, 3, 2), sigma=torch.ones(1, 2, 20, 3, 2), weight=torch.ones(1, 2, 20, 3),
+        backend="local"), "fixed kernels only"),
+    ("steered_batch", dict(
+        mu=torch.zeros(3, 2, 20, 3, 2), sigma=torch.ones(3, 2, 20, 3, 2), weight=torch.ones(3, 2, 20, 3)), "(B, H)"),
+]
+
+
+@pytest.mark.parametrize("name,override,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_raises_clear_value_error(name, override, message):
+    args = dict(
+        v=torch.randn(1, 2, 20, 3), mu=torch.zeros(2, 3, 2), sigma=torch.ones(2, 3, 2),
+        weight=torch.ones(2, 3) / 3, grid=(4, 5), backend="auto", local_tolerance=1e-6,
+    )
+    args.update(override)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ssog_mix(args["v"], args["mu"], args["sigma"], args["weight"], args["grid"],
+                 backend=args["backend"], local_tolerance=args["local_tolerance"])
