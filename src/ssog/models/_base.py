@@ -1,0 +1,360 @@
+"""What the three families share: patch/position embedding, final norm, pooling, head.
+
+Attribute names follow timm's ``VisionTransformer`` (``patch_embed``, ``cls_token``,
+``pos_embed``, ``norm``, ``head``, ``num_prefix_tokens``, ``global_pool``,
+``num_features``, ``head_hidden_size``) so timm's utilities (pos-embed and patch-embed
+resampling, feature extraction, its train/validate scripts) work on every family.
+A family only says how the tokens are mixed: :meth:`ViTBase.forward_tokens` and
+:meth:`ViTBase._states`.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+from timm.layers import PatchEmbed, resample_abs_pos_embed, to_2tuple, trunc_normal_
+from timm.models._features import feature_take_indices
+
+from ..layers import SSoGAttention
+from ._blocks import resolve_mixer_args
+
+GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
+
+
+class ViTBase(nn.Module):
+    """Base of the discrete, looped and continuous families (not a model by itself).
+
+    Args:
+        img_size: nominal input size (sets the position-embedding grid); any size divisible
+            by ``patch_size`` is accepted at run time (pos-embed resampled bicubically).
+        patch_size: patch side in pixels.
+        in_chans: input channels.
+        num_classes: classifier outputs; 0 for no head (``forward`` returns pooled features).
+        global_pool: ``"token"`` (class token), ``"avg"`` (mean of patch tokens) or ``""``.
+        embed_dim, num_heads, mlp_ratio: width, heads and MLP expansion.
+        op: token mixer, ``"mha"`` (fused SDPA attention) or ``"ssog"``.
+        qkv_bias: bias of the mixer's input projection(s).
+        class_token: prepend a learned class token (a prefix token SSoG patches never read).
+        drop_rate: dropout before the head. proj_drop_rate: dropout after mixer/MLP outputs.
+        drop_path_rate: stochastic depth (the family documents how it is spread).
+        num_atoms, sigma_min, steer, steer_radius, steer_gate_init, backend: SSoG options,
+            forwarded to :class:`~ssog.layers.SSoGAttention` (``None`` = its default); an
+            error with ``op="mha"``.
+    """
+
+    #: Family name used in registered model names, and the keyword of its number of
+    #: block applications (blocks / loop iterations / function evaluations).
+    family: str = ""
+    depth_arg: str = ""
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        embed_dim: int = 768,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        op: str = "mha",
+        qkv_bias: bool = True,
+        class_token: bool = True,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        num_atoms: int | None = None,
+        sigma_min: float | None = None,
+        steer: Sequence[str] | None = None,
+        steer_radius: float | None = None,
+        steer_gate_init: float | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__()
+        _check_pool(global_pool, class_token)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        self.ssog_args = resolve_mixer_args(
+            op, num_atoms=num_atoms, sigma_min=sigma_min, steer=steer,
+            steer_radius=steer_radius, steer_gate_init=steer_gate_init, backend=backend,
+        )
+        self.op = op
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.mlp_ratio = mlp_ratio
+        self.qkv_bias = qkv_bias
+        self.proj_drop_rate = proj_drop_rate
+        self.drop_path_rate = drop_path_rate
+        self.has_class_token = class_token
+        self.num_prefix_tokens = 1 if class_token else 0
+
+        # NHWC output: the grid size is read off the embedded tensor, so any input size works.
+        self.patch_embed = PatchEmbed(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+            strict_img_size=False, output_fmt="NHWC",
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim)
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    # ------------------------------------------------------------------ construction helpers
+    def _block_args(self) -> dict[str, Any]:
+        """Keyword arguments shared by every block/vector field of this model."""
+        return dict(
+            dim=self.embed_dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio, op=self.op,
+            num_prefix_tokens=self.num_prefix_tokens, qkv_bias=self.qkv_bias,
+            proj_drop=self.proj_drop_rate, ssog_args=self.ssog_args,
+        )
+
+    def init_weights(self) -> None:
+        """timm's ViT init: trunc-normal(0.02) position embedding and Linear weights, zero
+        biases, near-zero class token. The mixers' own kernel parameters keep their init."""
+        trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def config(self) -> dict[str, Any]:
+        """The architecture as plain values (what ``ssog info`` prints)."""
+        return {
+            "family": self.family,
+            "op": self.op,
+            "img_size": list(self.patch_embed.img_size),
+            "patch_size": list(self.patch_embed.patch_size),
+            "in_chans": self.in_chans,
+            "num_classes": self.num_classes,
+            "embed_dim": self.embed_dim,
+            "num_heads": self.num_heads,
+            "mlp_ratio": self.mlp_ratio,
+            "global_pool": self.global_pool,
+            "class_token": self.has_class_token,
+            "drop_path_rate": self.drop_path_rate,
+            **self._family_config(),
+            **({"ssog": {k: list(v) if isinstance(v, tuple) else v for k, v in self.ssog_args.items()}}
+               if self.ssog_args else {}),
+        }
+
+    def _family_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ token mixing (family)
+    def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """Mix embedded tokens ``x (B, P + Hg*Wg, D)`` -> same shape (before the final norm)."""
+        raise NotImplementedError
+
+    @property
+    def num_intermediates(self) -> int:
+        """How many intermediate states :meth:`forward_intermediates` can return."""
+        raise NotImplementedError
+
+    def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
+        """Yield the token state after each of the first ``last + 1`` intermediates."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ embedding
+    def _check_input(self, x: Tensor) -> None:
+        if x.ndim != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}"
+            )
+        (height, width), (ph, pw) = x.shape[-2:], self.patch_embed.patch_size
+        if height % ph or width % pw:
+            raise ValueError(
+                f"image size {height}x{width} is not divisible by the patch size {ph}x{pw}"
+            )
+
+    def embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Images ``(B, C, H, W)`` -> tokens ``(B, P + Hg*Wg, D)`` and the grid ``(Hg, Wg)``.
+
+        The position embedding is resampled (bicubic, timm) when the grid differs from the
+        one it was trained for.
+        """
+        self._check_input(x)
+        x = self.patch_embed(x)
+        batch, rows, cols, dim = x.shape
+        pos_embed = resample_abs_pos_embed(
+            self.pos_embed, new_size=(rows, cols), old_size=self.patch_embed.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+        )
+        x = x.reshape(batch, rows * cols, dim)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(batch, -1, -1), x], dim=1)
+        return x + pos_embed, (rows, cols)
+
+    def set_input_size(
+        self,
+        img_size: int | tuple[int, int] | None = None,
+        patch_size: int | tuple[int, int] | None = None,
+        rescale_kernels: bool = False,
+    ) -> None:
+        """Change the nominal input size and/or patch size, as timm's ``VisionTransformer``.
+
+        The patch-embedding kernel is PI-resized and the position embedding resampled
+        (bicubic) to the new grid, both by timm. With ``rescale_kernels`` every SSoG layer's
+        ``mu`` and ``sigma`` (token units) are multiplied by the grid ratio so each Gaussian
+        keeps covering the same image area (Table 13, "rescaled"); the ratio must be the
+        same along both axes.
+        """
+        old_grid = self.patch_embed.grid_size
+        self.patch_embed.set_input_size(
+            img_size=None if img_size is None else to_2tuple(img_size),
+            patch_size=None if patch_size is None else to_2tuple(patch_size),
+        )
+        new_grid = self.patch_embed.grid_size
+        if new_grid != old_grid:
+            self.pos_embed = nn.Parameter(
+                resample_abs_pos_embed(
+                    self.pos_embed.detach(), new_size=new_grid, old_size=old_grid,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                ),
+                requires_grad=self.pos_embed.requires_grad,
+            )
+        if rescale_kernels:
+            ratio_y, ratio_x = new_grid[0] / old_grid[0], new_grid[1] / old_grid[1]
+            if ratio_y != ratio_x:
+                raise ValueError(
+                    f"rescale_kernels needs the same grid ratio along both axes, got "
+                    f"{old_grid} -> {new_grid}"
+                )
+            for module in self.modules():
+                if isinstance(module, SSoGAttention):
+                    module.rescale_kernels(ratio_y)
+
+    # ------------------------------------------------------------------ timm model contract
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, P + Hg*Wg, D)``."""
+        x, grid_size = self.embed(x)
+        return self.norm(self.forward_tokens(x, grid_size))
+
+    def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
+        """Tokens ``(B, P + N, D)`` -> ``(B, D)`` (or unchanged for pool type ``""``)."""
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type == "token":
+            return x[:, 0]
+        if pool_type == "avg":
+            return x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens ``(B, P + N, D)`` -> logits ``(B, num_classes)`` (pooled features with
+        ``pre_logits``)."""
+        x = self.head_drop(self.pool(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``(B, C, H, W)`` -> logits ``(B, num_classes)``."""
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head with a fresh one of ``num_classes`` outputs (0: no head)."""
+        if global_pool is not None:
+            _check_pool(global_pool, self.has_class_token)
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        device = self.pos_embed.device
+        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Embeddings and the SSoG kernel parameters (positions/widths/mixture logits in
+        token units, which weight decay would pull towards arbitrary values)."""
+        names = {"pos_embed", "cls_token"}
+        for prefix, module in self.named_modules():
+            if isinstance(module, SSoGAttention):
+                names.update(f"{prefix}.{name}" for name in module.no_weight_decay())
+        return names
+
+    @property
+    def feature_info(self) -> list[dict[str, Any]]:
+        reduction = max(self.patch_embed.patch_size)
+        return [
+            dict(module=self._feature_module(i), num_chs=self.embed_dim, reduction=reduction)
+            for i in range(self.num_intermediates)
+        ]
+
+    def _feature_module(self, index: int) -> str:
+        raise NotImplementedError
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """timm's intermediate-feature API: states after blocks / loop iterations / solver steps.
+
+        Args:
+            indices: last ``n`` states if int, all if None, else the listed indices.
+            return_prefix_tokens: pair each patch feature with its prefix tokens.
+            norm: apply the final norm to each intermediate.
+            stop_early: stop mixing after the last requested state.
+            output_fmt: ``"NCHW"`` (``(B, D, Hg, Wg)``) or ``"NLC"`` (``(B, Hg*Wg, D)``).
+            intermediates_only: return only the intermediates.
+
+        Returns:
+            The intermediates, or ``(final normalised tokens, intermediates)``.
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, max_index = feature_take_indices(self.num_intermediates, indices)
+        last = max_index if stop_early or intermediates_only else self.num_intermediates - 1
+        x, (rows, cols) = self.embed(x)
+        intermediates = []
+        for i, x in enumerate(self._states(x, (rows, cols), last)):
+            if i in take:
+                intermediates.append(self.norm(x) if norm else x)
+        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
+        intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
+        if output_fmt == "NCHW":
+            intermediates = [
+                y.reshape(y.shape[0], rows, cols, -1).permute(0, 3, 1, 2).contiguous()
+                for y in intermediates
+            ]
+        if return_prefix_tokens and self.num_prefix_tokens:
+            intermediates = list(zip(intermediates, prefix))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(
+        self,
+        indices: int | list[int] = 1,
+        prune_norm: bool = False,
+        prune_head: bool = True,
+    ) -> list[int]:
+        """Drop what the requested intermediates do not need (timm's feature extraction)."""
+        take, _ = feature_take_indices(self.num_intermediates, indices)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
+
+def _check_pool(global_pool: str, class_token: bool) -> None:
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"unknown global_pool {global_pool!r}: expected one of {GLOBAL_POOLS}")
+    if global_pool == "token" and not class_token:
+        raise ValueError("global_pool='token' needs class_token=True")

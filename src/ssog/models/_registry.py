@@ -1,0 +1,124 @@
+"""timm registration: ``{op}_{family}_{preset}`` for every family, op and preset.
+
+Each family module calls :func:`register_family` once; that defines one timm entry point
+per (op, preset) in the family module (so ``timm.list_models(module="odevit")`` and
+``timm.create_model("ssog_odevit_base_patch16_224")`` work) with its ``default_cfg``.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import sys
+from typing import Any, Callable
+
+import timm
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from torch import nn
+
+from ._blocks import OPS
+
+_CIFAR10_MEAN, _CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+#: Presets: model arguments (``applications`` = blocks / loop iterations / NFE) and the
+#: data config timm reads from ``default_cfg``.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's widths (Table 10): patch 16 at 224 px, 12 block applications.
+    "small_patch16_224": dict(embed_dim=384, num_heads=6, applications=12),
+    "medium_patch16_224": dict(embed_dim=576, num_heads=9, applications=12),
+    "base_patch16_224": dict(embed_dim=768, num_heads=12, applications=12),
+    # CPU presets. 32 px CIFAR-size images, 8x8 tokens.
+    "tiny_patch4_32": dict(
+        img_size=32, patch_size=4, embed_dim=128, num_heads=4, applications=6,
+        cfg=dict(input_size=(3, 32, 32), num_classes=10, mean=_CIFAR10_MEAN, std=_CIFAR10_STD,
+                 crop_pct=1.0),
+    ),
+    # 8x8 single-channel images (scikit-learn's digits, the embedded default data set),
+    # one token per pixel.
+    "micro_patch1_8": dict(
+        img_size=8, patch_size=1, embed_dim=64, num_heads=4, applications=4,
+        cfg=dict(input_size=(1, 8, 8), num_classes=10, mean=(0.5,), std=(0.5,), crop_pct=1.0),
+    ),
+}
+#: Names registered by :func:`register_family`, in registration order.
+_REGISTERED: list[str] = []
+
+
+def _cfg(**overrides: Any) -> dict[str, Any]:
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": None,
+        "crop_pct": 0.9,
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "mit",
+        **overrides,
+    }
+
+
+def model_name(op: str, family: str, preset: str) -> str:
+    return f"{op}_{family}_{preset}"
+
+
+def register_family(module_name: str, model_cls: type[nn.Module]) -> None:
+    """Register ``{op}_{model_cls.family}_{preset}`` for every op and preset.
+
+    The entry points are defined in ``module_name`` (timm reads their ``default_cfg``
+    from that module's ``default_cfgs``) and take timm's ``(pretrained=False, **kwargs)``;
+    keyword arguments override the preset's.
+    """
+    module = sys.modules[module_name]
+    family, depth_arg = model_cls.family, model_cls.depth_arg
+    names = {
+        model_name(op, family, preset): (op, preset) for op in OPS for preset in PRESETS
+    }
+    module.default_cfgs = generate_default_cfgs(
+        {name: _cfg(**PRESETS[preset].get("cfg", {})) for name, (_, preset) in names.items()}
+    )
+    for name, (op, preset) in names.items():
+        args = {k: v for k, v in PRESETS[preset].items() if k not in ("applications", "cfg")}
+        args.update(op=op, **{depth_arg: PRESETS[preset]["applications"]})
+        entry = _entry_point(model_cls, name, args)
+        entry.__module__ = module_name
+        setattr(module, name, register_model(entry))
+        _REGISTERED.append(name)
+
+
+def _entry_point(model_cls: type[nn.Module], name: str, preset_args: dict[str, Any]) -> Callable[..., nn.Module]:
+    def entry(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        if pretrained:
+            raise ValueError(
+                f"{name} has no pretrained weights; train one with `ssog train` and load it "
+                "with checkpoint_path="
+            )
+        return build_model_with_cfg(
+            model_cls, name, pretrained=False,
+            feature_cfg=dict(out_indices=3, feature_cls="getter"),
+            **{**preset_args, **kwargs},
+        )
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = f"{model_cls.__name__} preset {name}: {preset_args}."
+    return entry
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Sorted names of the registered ssog models matching the glob ``pattern``."""
+    return sorted(fnmatch.filter(_REGISTERED, pattern))
+
+
+def create_model(name: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model`` for ssog models, with a ``ValueError`` naming close matches
+    when ``name`` is not one of them."""
+    known = list_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known models: {', '.join(known)}"
+        raise ValueError(f"unknown model {name!r}; {hint}")
+    return timm.create_model(name, **kwargs)

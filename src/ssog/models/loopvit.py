@@ -1,0 +1,56 @@
+"""Looped family (bViT): one shared pre-norm block applied ``num_loops`` times."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch import Tensor
+
+from ._base import ViTBase
+from ._blocks import Block
+from ._registry import register_family
+
+
+class LoopViT(ViTBase):
+    """Vision Transformer whose single block is applied ``num_loops`` times (weight sharing).
+
+    The parameter count is one block's plus the embeddings, final norm and head. The same
+    ``drop_path_rate`` applies at every iteration (a fresh mask each time).
+
+    Args:
+        num_loops: iterations of the shared block (``K``, 12 in the paper).
+        **kwargs: see :class:`~ssog.models._base.ViTBase`.
+    """
+
+    family = "loopvit"
+    depth_arg = "num_loops"
+
+    def __init__(self, num_loops: int = 12, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if num_loops < 1:
+            raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+        self.num_loops = num_loops
+        self.block = Block(**self._block_args(), drop_path=self.drop_path_rate)
+        self.init_weights()
+
+    def _family_config(self) -> dict[str, Any]:
+        return {"num_loops": self.num_loops}
+
+    def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        for _ in range(self.num_loops):
+            x = self.block(x, grid_size)
+        return x
+
+    @property
+    def num_intermediates(self) -> int:
+        return self.num_loops
+
+    def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
+        for _ in range(last + 1):
+            x = self.block(x, grid_size)
+            yield x
+
+    def _feature_module(self, index: int) -> str:
+        return "block"
+
+
+register_family(__name__, LoopViT)

@@ -1,0 +1,271 @@
+"""Continuous family (ODE-ViT): one shared time-conditioned block as a vector field.
+
+The tokens after the embedding are the initial state ``x(0)``; the model integrates
+``dx/dt = f(t, x)`` on ``[0, 1]`` with torchdiffeq and classifies ``x(1)``. ``f`` is the
+:class:`VectorField` of SPEC §2 (adaLN-Zero modulation of a parameter-free norm).
+
+Calling the vector field outside the model (e.g. to estimate its Lipschitz constant)::
+
+    field = model.field
+    field.grid_size = (14, 14)          # the token grid of x (set by every model forward)
+    dx = field(torch.tensor(0.5), x)    # x (B, P + 14*14, D) -> (B, P + 14*14, D)
+
+``model.nfe`` is the number of vector-field evaluations of the last forward pass
+(``field.nfe`` keeps counting across calls, backward passes of the adjoint included).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+from timm.layers import DropPath, Mlp
+from torchdiffeq import odeint, odeint_adjoint
+
+from ..layers import CenterNorm
+from ._base import ViTBase
+from ._blocks import create_mixer
+from ._registry import register_family
+
+#: Fixed-step torchdiffeq solvers and their vector-field evaluations per step.
+FIXED_SOLVERS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+#: Adaptive torchdiffeq solvers (step size from ``rtol``/``atol``).
+ADAPTIVE_SOLVERS: tuple[str, ...] = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
+#: Parameter-free norms of the vector field.
+FIELD_NORMS: tuple[str, ...] = ("center", "layernorm")
+
+
+def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0, scale: float = 1000.0) -> Tensor:
+    """Sinusoidal embedding ``(dim,)`` of a scalar time ``t``, as DiT's.
+
+    ``t`` in ``[0, 1]`` is multiplied by ``scale`` first (DiT embeds 1000 diffusion steps),
+    so that the low frequencies (down to ``1/max_period``) also vary over the interval.
+    The first half is ``cos(scale t f)``, the second ``sin(scale t f)``; one zero pad when
+    ``dim`` is odd.
+    """
+    half = dim // 2
+    exponents = torch.arange(half, device=t.device, dtype=torch.float32) / half
+    freqs = torch.exp(-math.log(max_period) * exponents)
+    args = (t.float().reshape(()) * scale) * freqs
+    emb = torch.cat([torch.cos(args), torch.sin(args)])
+    if dim % 2:
+        emb = torch.cat([emb, emb.new_zeros(1)])
+    return emb
+
+
+class VectorField(nn.Module):
+    """``f(t, x) = g_a * Op(N(x)(1 + s_a) + b_a) + g_m * MLP(N(x)(1 + s_m) + b_m)``.
+
+    ``(s_a, b_a, g_a, s_m, b_m, g_m) = Linear(D, 6D)(SiLU(emb(t)))`` (:func:`timestep_embedding`);
+    the modulation starts at zero (adaLN-Zero), so the flow starts as the identity. ``N`` is
+    :class:`~ssog.layers.CenterNorm` (``norm="center"``, linear, so with fixed SSoG the
+    field is globally Lipschitz in ``x``) or LayerNorm without affine (``"layernorm"``).
+
+    Call ``field(t, x)`` with a scalar tensor ``t`` and tokens ``x (B, P + Hg*Wg, D)``
+    after setting ``field.grid_size = (Hg, Wg)``; ``field.nfe`` counts the calls.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        op: str = "mha",
+        *,
+        num_prefix_tokens: int = 1,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        ssog_args: dict[str, Any] | None = None,
+        norm: str = "center",
+    ) -> None:
+        super().__init__()
+        if norm not in FIELD_NORMS:
+            raise ValueError(f"unknown field norm {norm!r}: expected one of {FIELD_NORMS}")
+        self.dim = dim
+        self.norm = CenterNorm(dim) if norm == "center" else nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.attn = create_mixer(
+            op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
+            proj_drop=proj_drop, ssog_args=ssog_args,
+        )
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.grid_size: tuple[int, int] | None = None
+        self.nfe = 0
+
+    def zero_modulation(self) -> None:
+        """adaLN-Zero: all gates and shifts 0, so ``f = 0`` and the flow is the identity."""
+        nn.init.zeros_(self.adaLN_modulation[1].weight)
+        nn.init.zeros_(self.adaLN_modulation[1].bias)
+
+    def forward(self, t: Tensor, x: Tensor) -> Tensor:
+        """``t`` scalar tensor, ``x (B, P + Hg*Wg, D)`` -> ``dx/dt`` of the same shape."""
+        if self.grid_size is None:
+            raise ValueError("set field.grid_size = (Hg, Wg) before calling the vector field")
+        self.nfe += 1
+        # (1, D) rather than (D,): a 2-D input makes the modulation a matmul FLOP counters see.
+        c = timestep_embedding(t, self.dim).to(x.dtype).unsqueeze(0)
+        s_a, b_a, g_a, s_m, b_m, g_m = self.adaLN_modulation(c).chunk(6, dim=-1)
+        h = self.norm(x)
+        attn = g_a * self.attn(h * (1 + s_a) + b_a, self.grid_size)
+        mlp = g_m * self.mlp(h * (1 + s_m) + b_m)
+        return self.drop_path(attn) + self.drop_path(mlp)
+
+
+class OdeViT(ViTBase):
+    """Continuous-depth ViT: the embedded tokens flow along a shared vector field on [0, 1].
+
+    Args:
+        nfe: vector-field evaluations of a fixed-step solver (default 12); it must be a
+            multiple of the solver's evaluations per step (``euler`` 1, ``midpoint``/``heun2``
+            2, ``heun3`` 3, ``rk4`` 4), e.g. ``rk4`` with ``nfe=12`` takes 3 steps. Not
+            allowed with adaptive solvers, whose evaluations depend on the data.
+        solver: a key of :data:`FIXED_SOLVERS` or one of :data:`ADAPTIVE_SOLVERS`.
+        rtol, atol: tolerances of adaptive solvers.
+        adjoint: back-propagate with torchdiffeq's adjoint method (memory constant in the
+            number of steps, gradients from a backward solve).
+        field_norm: ``"center"`` (CenterNorm, default) or ``"layernorm"`` (no affine).
+        **kwargs: see :class:`~ssog.models._base.ViTBase`. ``drop_path_rate`` drops each
+            branch of the field independently at every evaluation (fixed-step solvers only).
+    """
+
+    family = "odevit"
+    depth_arg = "nfe"
+
+    def __init__(
+        self,
+        nfe: int | None = None,
+        solver: str = "euler",
+        rtol: float = 1e-3,
+        atol: float = 1e-4,
+        adjoint: bool = False,
+        field_norm: str = "center",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.field_norm = field_norm
+        self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
+        self.solver, self.steps = "euler", 12
+        self.rtol, self.atol, self.adjoint = rtol, atol, adjoint
+        self.configure_solver(solver, nfe=nfe)
+        #: Vector-field evaluations of the last forward pass.
+        self.nfe = 0
+        self.init_weights()
+        self.field.zero_modulation()
+
+    def configure_solver(
+        self,
+        solver: str | None = None,
+        nfe: int | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        adjoint: bool | None = None,
+    ) -> None:
+        """Change how the flow is integrated (``None`` keeps the current setting; a new
+        fixed-step solver without ``nfe`` takes 12 evaluations). Weights are unaffected."""
+        solver = self.solver if solver is None else solver
+        if solver in FIXED_SOLVERS:
+            if nfe is None:
+                nfe = self.steps * FIXED_SOLVERS[self.solver] if self.steps else 12
+            stages = FIXED_SOLVERS[solver]
+            if nfe < stages or nfe % stages:
+                raise ValueError(
+                    f"nfe={nfe} is not a positive multiple of the {stages} evaluations per "
+                    f"step of {solver!r}"
+                )
+            steps: int | None = nfe // stages
+        elif solver in ADAPTIVE_SOLVERS:
+            if nfe is not None:
+                raise ValueError(
+                    f"{solver!r} is adaptive: its evaluations follow rtol/atol, nfe cannot be set"
+                )
+            if self.drop_path_rate > 0:
+                raise ValueError("drop_path_rate > 0 makes the field random: use a fixed-step solver")
+            steps = None
+        else:
+            raise ValueError(
+                f"unknown solver {solver!r}: expected a fixed-step solver "
+                f"({', '.join(FIXED_SOLVERS)}) or an adaptive one ({', '.join(ADAPTIVE_SOLVERS)})"
+            )
+        self.solver, self.steps = solver, steps
+        self.rtol = self.rtol if rtol is None else rtol
+        self.atol = self.atol if atol is None else atol
+        self.adjoint = self.adjoint if adjoint is None else adjoint
+
+    def _family_config(self) -> dict[str, Any]:
+        fixed = self.steps is not None
+        return {
+            "solver": self.solver,
+            "nfe": self.steps * FIXED_SOLVERS[self.solver] if fixed else None,
+            "steps": self.steps,
+            **({} if fixed else {"rtol": self.rtol, "atol": self.atol}),
+            "adjoint": self.adjoint,
+            "field_norm": self.field_norm,
+        }
+
+    # ------------------------------------------------------------------ integration
+    def _time_grid(self, func: Any, y0: Tensor, t: Tensor) -> Tensor:
+        """torchdiffeq ``grid_constructor``: uniform steps of ``1/steps`` from ``t[0]`` to
+        ``t[-1]`` (also for the adjoint's backward solves, interval by interval). When the
+        requested times already are those steps (:meth:`_states`), they are the grid."""
+        n = self._num_steps(t)
+        if len(t) == n + 1:
+            return t
+        grid = t[0] + (t[-1] - t[0]) * torch.arange(n + 1, dtype=t.dtype, device=t.device) / n
+        grid[-1] = t[-1]
+        return grid
+
+    def _num_steps(self, t: Tensor) -> int:
+        return max(1, round(abs(float(t[-1] - t[0])) * self.steps))
+
+    def integrate(self, x: Tensor, grid_size: tuple[int, int], t: Tensor) -> Tensor:
+        """Solve from ``x`` at ``t[0]``; return the states at every time of ``t``
+        ``(len(t), B, P + N, D)`` and record the evaluations in :attr:`nfe`."""
+        self.field.grid_size = grid_size
+        start = self.field.nfe
+        if x.device.type == "meta":
+            states = self._shape_only_solve(x, t)
+        else:
+            t = t.to(device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+            solve = odeint_adjoint if self.adjoint else odeint
+            options = {"grid_constructor": self._time_grid} if self.steps else None
+            states = solve(self.field, x, t, method=self.solver, rtol=self.rtol, atol=self.atol, options=options)
+        self.nfe = self.field.nfe - start
+        return states
+
+    def _shape_only_solve(self, x: Tensor, t: Tensor) -> Tensor:
+        """Meta tensors carry shapes but no values, and torchdiffeq compares time values, so
+        on the meta device (FLOP counting) the field is evaluated exactly as often as the
+        fixed-step solver would (``t`` stays on the CPU), and the states keep their shape."""
+        if self.steps is None:
+            raise ValueError(
+                f"the evaluations of the adaptive solver {self.solver!r} depend on the data; "
+                "count on the meta device with a fixed-step solver"
+            )
+        time = torch.zeros((), device=x.device)
+        for _ in range(self._num_steps(t) * FIXED_SOLVERS[self.solver]):
+            x = x + self.field(time, x)
+        return x.unsqueeze(0).expand(len(t), *x.shape)
+
+    def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        return self.integrate(x, grid_size, torch.tensor([0.0, 1.0]))[-1]
+
+    @property
+    def num_intermediates(self) -> int:
+        if self.steps is None:
+            raise ValueError(
+                f"intermediate states are the steps of a fixed-step solver; {self.solver!r} is adaptive"
+            )
+        return self.steps
+
+    def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
+        times = torch.arange(last + 2) / self.num_intermediates
+        yield from self.integrate(x, grid_size, times)[1:]
+
+    def _feature_module(self, index: int) -> str:
+        return "field"
+
+
+register_family(__name__, OdeViT)
