@@ -1,0 +1,271 @@
+"""Operator benchmark: ``ssog_mix`` (each backend) against fused SDPA at equal shapes.
+
+Both operators get the same batch, heads, head_dim and tokens: SDPA mixes ``q, k, v``
+``(B, H, N, d)``; SSoG mixes ``v`` with ``R`` fixed atoms. Candidates are timed
+*interleaved* (one call of each per round), so a slow moment of a shared machine hits
+every candidate of that round alike; speed is reported as the median over rounds of the
+per-round ratio ``t_sdpa / t_candidate``, with its quartiles.
+
+Peak memory is the allocator's peak during one call (``ssog.bench.memory.peak_memory``),
+operands excluded: output, workspace and, with ``backward``, the gradients.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..layers import multiscale_widths
+from ..ops import BACKENDS, choose_backend, ssog_mix
+from .memory import is_out_of_memory, peak_memory
+from .timing import synchronize
+
+BASELINE = "sdpa"
+
+
+@dataclass
+class OperatorConfig:
+    grids: Sequence[int] = (14, 16, 24, 32, 48, 64)
+    batch: int = 4
+    heads: int = 12
+    head_dim: int = 64
+    atoms: int = 4
+    dtype: str = "float32"
+    device: str = "cpu"
+    backends: Sequence[str] = BACKENDS
+    backward: bool = True
+    rounds: int = 5
+    warmup: int = 1
+    dense_max_grid: int = 32  # dense materialises H*N^2 floats: 805 MB at 64x64
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.backends) - set(BACKENDS))
+        if unknown:
+            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKENDS)}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        for name in ("batch", "heads", "head_dim", "atoms", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.grids or min(self.grids) < 1:
+            raise ValueError(f"grids must be positive grid sides, got {list(self.grids)}")
+
+
+@dataclass
+class Measurement:
+    grid: int
+    tokens: int
+    pass_: str  # "forward" or "forward+backward"
+    candidate: str
+    median_ms: float
+    speedup_median: float | None = None  # t_sdpa / t_candidate, median over rounds
+    speedup_q1: float | None = None
+    speedup_q3: float | None = None
+    peak_mib: float | None = None
+    peak_ratio: float | None = None  # candidate peak / SDPA peak
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def fixed_parameters(heads: int, atoms: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Atoms as the layer initialises them, with centres spread over a few tokens."""
+    generator = torch.Generator().manual_seed(0)
+    widths = multiscale_widths(heads, atoms)
+    sigma = widths.unsqueeze(-1).repeat(1, 1, 2)
+    mu = torch.randn(heads, atoms, 2, generator=generator)
+    weight = torch.randn(heads, atoms, generator=generator).softmax(-1)
+    return mu.to(device), sigma.to(device), weight.to(device)
+
+
+def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Callable[[], None]]:
+    device = torch.device(config.device)
+    dtype = getattr(torch, config.dtype)
+    n = grid * grid
+    shape = (config.batch, config.heads, n, config.head_dim)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(shape, generator=generator).to(device, dtype) for _ in range(3))
+    params = fixed_parameters(config.heads, config.atoms, device)
+    grad_out = torch.randn(shape, generator=generator).to(device, dtype)
+    if backward:
+        for t in (q, k, v, *params):
+            t.requires_grad_()
+
+    def run(fn: Callable[[], torch.Tensor], inputs: Sequence[torch.Tensor]) -> Callable[[], None]:
+        def call() -> None:
+            out = fn()
+            if backward:
+                out.backward(grad_out)
+                for t in inputs:
+                    t.grad = None
+
+        return call
+
+    calls = {BASELINE: run(lambda: F.scaled_dot_product_attention(q, k, v), (q, k, v))}
+    for backend in config.backends:
+        if backend == "dense" and grid > config.dense_max_grid:
+            continue
+        calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
+    return calls
+
+
+def _interleaved(calls: dict[str, Callable[[], None]], device: torch.device, rounds: int, warmup: int) -> dict[str, list[float]]:
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            synchronize(device)
+            start = time.perf_counter()
+            call()
+            synchronize(device)
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], None] = print) -> list[Measurement]:
+    """Time and measure every candidate at every grid; see the module docstring."""
+    device = torch.device(config.device)
+    passes = [False, True] if config.backward else [False]
+    results: list[Measurement] = []
+    for grid in config.grids:
+        for backward in passes:
+            label = "forward+backward" if backward else "forward"
+            calls = _calls(config, grid, backward)
+            try:
+                samples = _interleaved(calls, device, config.rounds, config.warmup)
+                peaks = {name: peak_memory(call, device=device) for name, call in calls.items()}
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                results.append(Measurement(grid, grid * grid, label, "all", math.nan, note="out of memory"))
+                progress(f"grid {grid}x{grid} {label}: out of memory")
+                continue
+            base = samples[BASELINE]
+            for name, times in samples.items():
+                ratios = [b / t for b, t in zip(base, times)]
+                q1, median, q3 = _quartiles(ratios)
+                extra = {}
+                if name == "auto":
+                    shape = (config.batch, config.heads, grid * grid, config.head_dim)
+                    extra["picked"] = choose_backend(shape, (grid, grid), config.atoms, False, device)
+                results.append(
+                    Measurement(
+                        grid, grid * grid, label, name, 1e3 * statistics.median(times),
+                        speedup_median=median, speedup_q1=q1, speedup_q3=q3,
+                        peak_mib=peaks[name] / 2**20, peak_ratio=peaks[name] / peaks[BASELINE],
+                        extra=extra,
+                    )
+                )
+            summary = ", ".join(
+                f"{m.candidate} {m.speedup_median:.2f}x" for m in results[-len(samples):] if m.candidate != BASELINE
+            )
+            progress(f"grid {grid}x{grid} {label}: SDPA {1e3 * statistics.median(base):.1f} ms; {summary}")
+    return results
+
+
+def steered_memory(config: OperatorConfig, grid: int = 64, steer_atoms: int | None = None) -> dict[str, float]:
+    """Peak memory (MiB) of centre-steered mixing at ``grid x grid``, forward and backward."""
+    device = torch.device(config.device)
+    dtype = getattr(torch, config.dtype)
+    atoms = steer_atoms or config.atoms
+    n = grid * grid
+    shape = (config.batch, config.heads, n, config.head_dim)
+    v = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    mu0, sigma0, weight0 = fixed_parameters(config.heads, atoms, device)
+    offsets = torch.randn(config.batch, config.heads, n, atoms, 2, device=device, requires_grad=True)
+
+    def forward() -> torch.Tensor:
+        mu = mu0.unsqueeze(1) + offsets
+        sigma = sigma0.unsqueeze(1).expand_as(mu)
+        weight = weight0.unsqueeze(1).expand(mu.shape[:-1])
+        return ssog_mix(v, mu, sigma, weight, (grid, grid))
+
+    def forward_no_grad() -> None:
+        with torch.no_grad():
+            forward()
+
+    def forward_backward() -> None:
+        forward().sum().backward()
+        v.grad = offsets.grad = None
+
+    return {
+        "grid": grid,
+        "forward_peak_mib": peak_memory(forward_no_grad, device=device) / 2**20,
+        "forward_backward_peak_mib": peak_memory(forward_backward, device=device) / 2**20,
+    }
+
+
+def environment(config: OperatorConfig) -> dict[str, str | int]:
+    device = torch.device(config.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": config.dtype}
+
+
+def markdown_table(results: list[Measurement]) -> str:
+    lines = [
+        "| grid | tokens | pass | candidate | median ms | speedup vs SDPA (median [q1, q3]) | peak MiB | peak / SDPA |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in results:
+        if m.note:
+            lines.append(f"| {m.grid} | {m.tokens} | {m.pass_} | {m.candidate} | - | {m.note} | - | - |")
+            continue
+        picked = f" ({m.extra['picked']})" if "picked" in m.extra else ""
+        lines.append(
+            f"| {m.grid} | {m.tokens} | {m.pass_} | {m.candidate}{picked} | {m.median_ms:.2f} | "
+            f"{m.speedup_median:.2f} [{m.speedup_q1:.2f}, {m.speedup_q3:.2f}] | {m.peak_mib:.1f} | {m.peak_ratio:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_speedups(results: list[Measurement], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    passes = sorted({m.pass_ for m in results if not m.note}, key=len)
+    figure, axes = plt.subplots(1, len(passes), figsize=(5.5 * len(passes), 4), squeeze=False)
+    for axis, label in zip(axes[0], passes):
+        for candidate in sorted({m.candidate for m in results if m.candidate != BASELINE and not m.note}):
+            points = [m for m in results if m.pass_ == label and m.candidate == candidate]
+            axis.errorbar(
+                [m.grid for m in points],
+                [m.speedup_median for m in points],
+                yerr=[[m.speedup_median - m.speedup_q1 for m in points], [m.speedup_q3 - m.speedup_median for m in points]],
+                marker="o", capsize=3, label=candidate,
+            )
+        axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        axis.set(xscale="log", yscale="log", xlabel="grid side (tokens)", ylabel="speedup over SDPA", title=label)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def save(results: list[Measurement], steered: dict | None, config: OperatorConfig, output: Path) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "config": asdict(config),
+        "environment": environment(config),
+        "results": [asdict(m) for m in results],
+        "steered_memory": steered,
+    }
+    (output / "operator.json").write_text(json.dumps(payload, indent=2, default=list))
+    (output / "operator.md").write_text(markdown_table(results) + "\n")
+    plot_speedups(results, output / "operator_speedup.png")

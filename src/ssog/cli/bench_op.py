@@ -1,0 +1,55 @@
+"""``ssog bench-op``: the SSoG operator (each backend) against fused SDPA."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..bench.operator import OperatorConfig, markdown_table, run_operator_benchmark, save, steered_memory
+from ..ops import BACKENDS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    defaults = OperatorConfig()
+    parser = subparsers.add_parser(
+        "bench-op",
+        help="time ssog_mix backends against SDPA over grid sizes",
+        description="Time ssog_mix (each backend and auto) against scaled_dot_product_attention at equal "
+        "batch, heads, head_dim and tokens, interleaved, and report median speedups, their quartiles and "
+        "peak memory.",
+    )
+    parser.add_argument("--grids", type=int, nargs="+", default=list(defaults.grids), help="grid sides (tokens)")
+    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--heads", type=int, default=defaults.heads)
+    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
+    parser.add_argument("--atoms", type=int, default=defaults.atoms)
+    parser.add_argument("--dtype", default=defaults.dtype, choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
+    parser.add_argument("--backends", nargs="+", default=list(defaults.backends), choices=BACKENDS)
+    parser.add_argument("--forward-only", action="store_true", help="skip the forward+backward pass")
+    parser.add_argument("--rounds", type=int, default=defaults.rounds, help="measured rounds per point")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed rounds per point")
+    parser.add_argument("--dense-max-grid", type=int, default=defaults.dense_max_grid,
+                        help="skip the dense backend above this grid side")
+    parser.add_argument("--steered-grid", type=int, default=64,
+                        help="grid side of the steered (mu only) memory check; 0 skips it")
+    parser.add_argument("--output", type=Path, default=Path("runs/bench-op"), help="folder for JSON, table and plot")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = OperatorConfig(
+        grids=args.grids, batch=args.batch, heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
+        dtype=args.dtype, device=args.device, backends=args.backends, backward=not args.forward_only,
+        rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid,
+    )
+    results = run_operator_benchmark(config)
+    steered = steered_memory(config, grid=args.steered_grid) if args.steered_grid else None
+    save(results, steered, config, args.output)
+    print(markdown_table(results))
+    if steered:
+        print(
+            f"steered (mu) at {steered['grid']}x{steered['grid']}: forward peak {steered['forward_peak_mib']:.0f} MiB, "
+            f"forward+backward peak {steered['forward_backward_peak_mib']:.0f} MiB"
+        )
+    print(f"wrote {args.output}/operator.json, operator.md, operator_speedup.png")
+    return 0
