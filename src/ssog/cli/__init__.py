@@ -13,6 +13,9 @@ from typing import Sequence
 
 COMMANDS: tuple[str, ...] = (
     "bench",
+    "bench-op",
+    "train",
+    "eval",
 )
 
 
