@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 from .kernels import query_positions, steered_axis_kernels
 
 #: Bytes of intermediate one block of the separable path may use. Measured on a 2-core CPU
-#: (docs/results/operator.md): blocks of 0.25-4 MiB keep the intermediate in cache.
-SEPARABLE_BLOCK_BYTES = 2 * 2**20
+#: (docs/results/operator.md): 4 MiB blocks were fastest from 14x14 to 64x64, 0.25-64 MiB tried.
+SEPARABLE_BLOCK_BYTES = 4 * 2**20
 #: Bytes of kernel rows one query chunk of the steered path may materialise.
 STEERED_CHUNK_BYTES = 64 * 2**20
 #: Default tolerance of the local backend: keys whose kernel value is below this fraction
@@ -48,7 +48,7 @@ def fixed_separable(
     ky: Tensor,
     kx: Tensor,
     key_rows: list[tuple[int, int]] | None = None,
-    block_bytes: int = SEPARABLE_BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> Tensor:
     """Separable mixing with fixed kernels, in cache-sized blocks.
 
@@ -58,23 +58,28 @@ def fixed_separable(
         kx: ``(H, R, Wg, Wg)`` x kernels ``[h, r, query col, key col]``.
         key_rows: optional, per query row ``(first, last + 1)`` key rows with non-zero
             weight in any head or atom (the local backend's band); ``None`` = all rows.
-        block_bytes: budget of one block's intermediate.
+        block_bytes: budget of one block's intermediate (default ``SEPARABLE_BLOCK_BYTES``).
 
     Returns:
         ``(B, H, N, d)``.
     """
+    block_bytes = block_bytes or SEPARABLE_BLOCK_BYTES
     batch, heads, n, dim = v.shape
     _, atoms, rows, _ = ky.shape
     cols = kx.shape[-1]
     ky = ky.to(v.dtype).permute(0, 2, 1, 3).reshape(heads, rows * atoms, rows)  # [(y', r), y]
     kx = kx.to(v.dtype).permute(0, 2, 1, 3).reshape(heads, cols, atoms * cols)  # [x', (r, x)]
     values = v.reshape(batch * heads, rows, cols * dim)
-    out = v.new_empty(batch * heads, rows, cols, dim)
     head_of = torch.arange(batch * heads, device=v.device) % heads
 
     row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
     items_per_block = max(1, block_bytes // (row_bytes * rows))
     rows_per_block = rows if items_per_block > 1 else max(1, min(rows, block_bytes // row_bytes))
+    if key_rows is None and items_per_block >= batch * heads:
+        # Small problem: one block, no copies.
+        return _separable_block(values, ky[head_of], kx[head_of], 0, rows, 0, rows).view(batch, heads, n, dim)
+
+    out = v.new_empty(batch * heads, rows, cols, dim)
     for i0 in range(0, batch * heads, items_per_block):
         i1 = min(batch * heads, i0 + items_per_block)
         block_heads = head_of[i0:i1]
@@ -82,14 +87,26 @@ def fixed_separable(
         for y0 in range(0, rows, rows_per_block):
             y1 = min(rows, y0 + rows_per_block)
             k0, k1 = (0, rows) if key_rows is None else _key_span(key_rows, y0, y1)
-            # y contraction: [(y', r), y] @ [y, (x, d)] -> [(y', r), (x, d)] = [y', (r, x), d]
-            mixed = torch.bmm(ky_block[:, y0 * atoms : y1 * atoms, k0:k1], values[i0:i1, k0:k1])
-            mixed = mixed.view((i1 - i0) * (y1 - y0), atoms * cols, dim)
-            # x contraction: [x', (r, x)] @ [(r, x), d] for every (item, y'); the kernel of
-            # a head is shared by its rows (expanded: bmm needs one batch stride).
-            kernel = kx_block.unsqueeze(1).expand(-1, y1 - y0, -1, -1).reshape(-1, cols, atoms * cols)
-            out[i0:i1, y0:y1] = torch.bmm(kernel, mixed).view(i1 - i0, y1 - y0, cols, dim)
+            out[i0:i1, y0:y1] = _separable_block(values[i0:i1], ky_block, kx_block, y0, y1, k0, k1)
     return out.view(batch, heads, n, dim)
+
+
+def _separable_block(values: Tensor, ky: Tensor, kx: Tensor, y0: int, y1: int, k0: int, k1: int) -> Tensor:
+    """Query rows ``y0:y1`` of a block of items, reading key rows ``k0:k1``.
+
+    ``values (S, Hg, Wg*d)``, ``ky (S, Hg*R, Hg)`` rows ``(y', r)``, ``kx (S, Wg, R*Wg)``
+    columns ``(r, x)``; returns ``(S, y1 - y0, Wg, d)``.
+    """
+    items, cols, _ = kx.shape
+    atoms = ky.shape[1] // ky.shape[2]
+    dim = values.shape[-1] // cols
+    # y contraction: [(y', r), y] @ [y, (x, d)] -> [(y', r), (x, d)] = [y', (r, x), d]
+    mixed = torch.bmm(ky[:, y0 * atoms : y1 * atoms, k0:k1], values[:, k0:k1])
+    mixed = mixed.view(items * (y1 - y0), atoms * cols, dim)
+    # x contraction: [x', (r, x)] @ [(r, x), d] for every (item, y'); the kernel of an item
+    # is shared by its rows (expanded: bmm needs one batch stride).
+    kernel = kx.unsqueeze(1).expand(-1, y1 - y0, -1, -1).reshape(-1, cols, atoms * cols)
+    return torch.bmm(kernel, mixed).view(items, y1 - y0, cols, dim)
 
 
 def truncate_kernels(kernel: Tensor, tolerance: float) -> Tensor:
@@ -125,7 +142,7 @@ def steered_mix(
     weight: Tensor,
     grid_size: tuple[int, int],
     separable: bool,
-    chunk_bytes: int = STEERED_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> Tensor:
     """Mixing with per-query parameters, computed in query chunks.
 
@@ -149,7 +166,7 @@ def steered_mix(
     else:
         values = v
         per_query = batch * heads * n
-    chunk = max(1, chunk_bytes // (per_query * torch.finfo(dtype).bits // 8))
+    chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (per_query * torch.finfo(dtype).bits // 8))
 
     def mix_chunk(values: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, q0: int) -> Tensor:
         q1 = q0 + mu.shape[2]
