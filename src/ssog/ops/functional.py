@@ -118,7 +118,13 @@ def mix(
     if steered and backend == "local":
         raise ValueError("the local backend supports fixed kernels only; use dense or separable")
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
-    with torch.autocast(v.device.type, enabled=False):
+    # Kernels stay in fp32 under autocast; contractions run in the dtype of v.
+    autocast_off = (
+        torch.autocast(v.device.type, enabled=False)
+        if torch.amp.is_autocast_available(v.device.type)
+        else contextlib.nullcontext()
+    )
+    with autocast_off:
         if steered:
             return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=backend == "separable")
         ky, kx = _fixed_kernels(mu, sigma, weight, grid_size)
