@@ -1,13 +1,30 @@
 """Tests of the inference benchmark: measurement helpers, sweep, results files, plots, CLI."""
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 
-from ssog.bench import is_out_of_memory, peak_memory, tensor_bytes, time_callable
+from ssog.bench import is_out_of_memory, peak_memory, tensor_bytes, time_callable, time_interleaved
+from ssog.bench.plots import plot_results
+from ssog.bench.report import comparison_table, paired_points
+from ssog.bench.results import BenchResults
+from ssog.bench.sweep import SweepConfig, model_name, run_model_sweep
 from ssog.bench.timing import TimingStats, resolve_device
+from ssog.cli import main
+from ssog.layers import MultiHeadAttention
 
 MB = 1_000_000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The test models are tiny: a second thread only adds synchronisation stalls on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------- timing / memory
@@ -66,3 +83,233 @@ def test_is_out_of_memory():
     assert is_out_of_memory(cpu_oom)
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
     assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_time_interleaved_alternates_callables():
+    order = []
+    stats = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, iters=3)
+    assert order == ["a", "b"] + ["a", "b"] * 3
+    assert {name: len(s.samples) for name, s in stats.items()} == {"a": 3, "b": 3}
+
+
+# --------------------------------------------------------------------- sweep
+
+COLUMNS = [
+    "family", "op", "size", "model", "dim", "params_m", "resolution", "tokens", "batch_size", "device",
+    "dtype", "status", "images_per_s", "latency_ms", "latency_ms_q1", "latency_ms_q3", "peak_memory_mib",
+    "gflops_per_image", "attention_gflops_per_image",
+]
+# The "micro" preset (8x8 single-channel images, patch 1) keeps every point to milliseconds.
+TINY = dict(size="micro", resolutions=(4, 8), batch_sizes=(1, 2), warmup=1, iters=2, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def sweep_results():
+    config = SweepConfig(families=("vit", "odevit"), width_sizes=("tiny",), **TINY)
+    seen = []
+    results = run_model_sweep(config, on_row=seen.append)
+    assert seen == results.rows
+    return results
+
+
+def test_sweep_rows(sweep_results):
+    rows = sweep_results.rows
+    # 2 families x 2 resolutions x 2 batch sizes x 2 ops, plus the tiny width at 8 px, batch 1.
+    assert len(rows) == 2 * 2 * 2 * 2 + 2 * 2
+    assert all(list(row) == COLUMNS for row in rows)
+    assert all(row["status"] == "ok" and row["images_per_s"] > 0 and row["peak_memory_mib"] > 0 for row in rows)
+    micro = [row for row in rows if row["size"] == "micro"]
+    assert {(row["resolution"], row["tokens"]) for row in micro} == {(4, 1 + 16), (8, 1 + 64)}
+    assert {row["dim"] for row in micro} == {64}
+    assert {(row["size"], row["resolution"], row["batch_size"]) for row in rows if row["size"] == "tiny"} == {
+        ("tiny", 8, 1)
+    }
+    by_op = {(row["family"], row["op"], row["resolution"], row["batch_size"]): row for row in micro}
+    for (family, op, resolution, batch), row in by_op.items():
+        if op == "ssog":  # no query/key projections: fewer parameters and FLOPs than MHA
+            mha = by_op[family, "mha", resolution, batch]
+            assert row["params_m"] < mha["params_m"]
+            assert row["attention_gflops_per_image"] < mha["attention_gflops_per_image"]
+            assert row["model"] == f"ssog_{family}_micro_patch1_8"
+    # Peak memory grows with the batch (the activations) on top of the same parameters.
+    assert by_op["vit", "mha", 8, 2]["peak_memory_mib"] > by_op["vit", "mha", 8, 1]["peak_memory_mib"]
+
+
+def test_results_files_round_trip(sweep_results, tmp_path):
+    json_path, csv_path = sweep_results.save(tmp_path)
+    with csv_path.open() as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == COLUMNS
+    assert len(table) == len(sweep_results.rows)
+    assert float(table[0]["images_per_s"]) == pytest.approx(sweep_results.rows[0]["images_per_s"])
+    loaded = BenchResults.load(tmp_path)
+    assert loaded.rows == sweep_results.rows
+    env = loaded.environment
+    assert env["device"] == "cpu" and env["dtype"] == "fp32"
+    assert env["torch"] == torch.__version__ and env["threads"] == 1
+    assert loaded.config["resolutions"] == [4, 8]
+
+
+def _oom_after(tokens: int, error: Exception, calls: list):
+    """A MultiHeadAttention.forward that runs out of memory above ``tokens`` tokens."""
+    original = MultiHeadAttention.forward
+
+    def forward(self, x, grid_size):
+        if x.device.type != "meta":  # FLOP counting runs on the meta device
+            calls.append(x.shape[1])
+            if x.shape[1] > tokens:
+                raise error
+        return original(self, x, grid_size)
+
+    return forward
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+    ],
+    ids=["cuda", "cpu"],
+)
+def test_sweep_marks_oom_and_skips_larger_resolutions(monkeypatch, error):
+    calls = []
+    monkeypatch.setattr(MultiHeadAttention, "forward", _oom_after(17, error, calls))
+    config = SweepConfig(families=("vit",), **{**TINY, "resolutions": (4, 8, 12), "batch_sizes": (1,)})
+    rows = run_model_sweep(config).rows
+    status = {(row["op"], row["resolution"]): row["status"] for row in rows}
+    assert status == {
+        ("mha", 4): "ok", ("mha", 8): "oom", ("mha", 12): "skipped",
+        ("ssog", 4): "ok", ("ssog", 8): "ok", ("ssog", 12): "ok",
+    }
+    assert 1 + 12 * 12 not in calls  # the skipped resolution never ran
+    skipped = next(row for row in rows if row["status"] == "skipped")
+    assert skipped["images_per_s"] is None and skipped["peak_memory_mib"] is None
+
+
+def test_sweep_propagates_other_errors(monkeypatch):
+    monkeypatch.setattr(MultiHeadAttention, "forward", _oom_after(0, RuntimeError("shape mismatch"), []))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_model_sweep(SweepConfig(families=("vit",), **TINY))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"families": ("transformer",)}, "unknown families"),
+        ({"ops": ()}, "ops must not be empty"),
+        ({"size": "huge"}, "sizes registered"),
+        ({"resolutions": (0, 8)}, "resolutions"),
+        ({"resolutions": (4, 6), "size": "tiny"}, "not multiples of .* patch size 4"),
+        ({"batch_sizes": (0,)}, "batch sizes"),
+        ({"warmup": 0}, "warmup"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_sweep_config_rejects_bad_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        SweepConfig(**{**TINY, **overrides}).validate()
+
+
+def test_model_name_resolves_presets():
+    assert model_name("ssog", "odevit", "base") == "ssog_odevit_base_patch16_224"
+    assert model_name("mha", "loopvit", "tiny") == "mha_loopvit_tiny_patch4_32"
+
+
+# --------------------------------------------------------------------- report / plots
+
+
+def _row(op, resolution, batch, status="ok", speed=None, memory=None):
+    return {
+        "family": "vit", "op": op, "size": "small", "resolution": resolution, "batch_size": batch,
+        "tokens": 1 + (resolution // 16) ** 2, "status": status, "images_per_s": speed, "peak_memory_mib": memory,
+    }
+
+
+def test_comparison_table_ratios_and_oom():
+    rows = [
+        _row("mha", 224, 4, speed=10.0, memory=200.0),
+        _row("ssog", 224, 4, speed=15.0, memory=150.0),
+        _row("mha", 448, 4, status="oom"),
+        _row("ssog", 448, 4, speed=5.0, memory=300.0),
+    ]
+    pairs = paired_points(rows)
+    assert pairs[0]["throughput_ratio"] == pytest.approx(1.5)
+    assert pairs[0]["memory_ratio"] == pytest.approx(0.75)
+    assert pairs[1]["throughput_ratio"] is None
+    table = comparison_table(rows).splitlines()
+    assert len(table) == 4
+    assert "| 1.50x |" in table[2] and "| 0.75x |" in table[2]
+    assert "| OOM |" in table[3] and "| 5.00 |" in table[3]
+
+
+def test_plots_written(sweep_results, tmp_path):
+    paths = plot_results(sweep_results, tmp_path)
+    names = sorted(path.name for path in paths)
+    assert names == sorted(f"{fig}.{ext}" for fig in ("fig1_width", "fig4_improvement", "fig5_scaling")
+                           for ext in ("png", "pdf"))
+    assert all(path.stat().st_size > 1000 for path in paths)
+
+
+def test_plots_with_oom_marks(tmp_path):
+    rows = [
+        {**_row("mha", 224, 4, speed=10.0, memory=200.0), "gflops_per_image": 4.6, "attention_gflops_per_image": 1.4},
+        {**_row("ssog", 224, 4, speed=15.0, memory=150.0), "gflops_per_image": 3.8, "attention_gflops_per_image": 0.7},
+        {**_row("mha", 448, 4, status="oom"), "gflops_per_image": 19.0, "attention_gflops_per_image": 7.0},
+        {**_row("ssog", 448, 4, speed=5.0, memory=300.0), "gflops_per_image": 14.0, "attention_gflops_per_image": 2.4},
+        {**_row("mha", 224, 8, status="oom"), "gflops_per_image": 4.6, "attention_gflops_per_image": 1.4},
+        {**_row("ssog", 224, 8, speed=12.0, memory=250.0), "gflops_per_image": 3.8, "attention_gflops_per_image": 0.7},
+    ]
+    results = BenchResults("model", {}, {"size": "small"}, rows)
+    paths = plot_results(results, tmp_path)
+    assert sorted(path.name for path in paths) == sorted(
+        f"{fig}.{ext}" for fig in ("fig4_improvement", "fig5_scaling") for ext in ("png", "pdf")
+    )
+
+
+def test_plot_results_rejects_operator_results(tmp_path):
+    with pytest.raises(ValueError, match="model-sweep"):
+        plot_results(BenchResults("operator", {}, {}, []), tmp_path)
+
+
+# --------------------------------------------------------------------- command line
+
+CLI_TINY = ["--size", "micro", "--families", "vit", "--resolutions", "4", "8", "--batch-sizes", "1",
+            "--warmup", "1", "--iters", "2", "--device", "cpu"]
+
+
+def test_cli_bench_writes_results_and_plots(tmp_path, capsys):
+    assert main(["bench", *CLI_TINY, "--output", str(tmp_path)]) == 0
+    for name in ("results.json", "results.csv", "summary.md", "fig5_scaling.png", "fig5_scaling.pdf",
+                 "fig4_improvement.png", "fig4_improvement.pdf"):
+        assert (tmp_path / name).is_file(), name
+    assert "| vit | micro | 8 | 65 | 1 |" in capsys.readouterr().out
+    for path in tmp_path.glob("fig*"):
+        path.unlink()
+    assert main(["bench", "--plot", str(tmp_path / "results.json")]) == 0
+    assert (tmp_path / "fig5_scaling.pdf").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--resolutions", "0"], "resolutions must be positive"),
+        (["--size", "huge"], "no unique timm model"),
+        (["--warmup", "0"], "warmup >= 1"),
+        (["--device", "tpu"], "device"),
+        (["--threads", "0"], "--threads must be positive"),
+        (["--plot", "/nonexistent/results"], "no benchmark results"),
+    ],
+)
+def test_cli_bench_rejects_bad_arguments(args, message, tmp_path, capsys):
+    assert main(["bench", *CLI_TINY, "--output", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_bench_rejects_unknown_family(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--families", "transformer"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

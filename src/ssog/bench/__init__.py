@@ -5,7 +5,7 @@
   CPU and CUDA; out-of-memory detection).
 """
 from ssog.bench.memory import is_out_of_memory, module_bytes, peak_memory, tensor_bytes
-from ssog.bench.timing import TimingStats, resolve_device, synchronize, time_callable
+from ssog.bench.timing import TimingStats, resolve_device, synchronize, time_callable, time_interleaved
 
 __all__ = [
     "TimingStats",
@@ -16,4 +16,5 @@ __all__ = [
     "synchronize",
     "tensor_bytes",
     "time_callable",
+    "time_interleaved",
 ]

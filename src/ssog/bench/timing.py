@@ -10,11 +10,11 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
-__all__ = ["TimingStats", "resolve_device", "synchronize", "time_callable"]
+__all__ = ["TimingStats", "resolve_device", "synchronize", "time_callable", "time_interleaved"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -101,28 +101,51 @@ def time_callable(
     ``fn`` takes no arguments; its result is discarded. ``device`` selects the clock: CUDA
     events on a CUDA device, ``time.perf_counter`` otherwise.
     """
+    return time_interleaved({"fn": fn}, device=device, warmup=warmup, iters=iters)["fn"]
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 10,
+    iters: int = 50,
+) -> dict[str, TimingStats]:
+    """Time several callables round-robin: iteration ``i`` of each before iteration ``i+1`` of any.
+
+    Each callable is first called ``warmup`` times untimed. Interleaving makes a ratio of
+    two timings robust to a machine whose speed drifts during the measurement (other
+    processes on a shared CPU, clock boost): a slow phase hits every callable alike.
+    """
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
     device = torch.device(device)
-    for _ in range(warmup):
-        fn()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     synchronize(device)
     if device.type == "cuda":
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(iters)
-        ]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
+        events = {
+            name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+            for name in fns
+        }
+        for i in range(iters):
+            for name, fn in fns.items():
+                start, end = events[name][i]
+                start.record()
+                fn()
+                end.record()
         synchronize(device)
-        return TimingStats(tuple(start.elapsed_time(end) / 1e3 for start, end in events))
-    samples = []
+        return {
+            name: TimingStats(tuple(start.elapsed_time(end) / 1e3 for start, end in pairs))
+            for name, pairs in events.items()
+        }
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(iters):
-        begin = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - begin)
-    return TimingStats(tuple(samples))
+        for name, fn in fns.items():
+            begin = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - begin)
+    return {name: TimingStats(tuple(values)) for name, values in samples.items()}

@@ -1,0 +1,307 @@
+"""Model inference sweep: family x op x width x resolution x batch size.
+
+A point is one (family, op, size, resolution, batch size). For each (family, size,
+resolution) the registered timm models ``{op}_{family}_{size}_patch*`` of every op are
+built at that resolution with random weights, and for each batch size:
+
+1. each model runs ``warmup`` untimed forward passes on its own (so an out-of-memory error
+   is attributed to the model that raised it);
+2. the models' ``iters`` timed forward passes are interleaved, MHA then SSoG in every
+   round (:func:`ssog.bench.timing.time_interleaved`): on a shared CPU whose speed drifts
+   with other processes' load, both sides of a ratio see the same conditions;
+3. one more pass per model measures peak memory (:func:`ssog.bench.memory.peak_memory`;
+   parameters, buffers and the input batch count as resident).
+
+Everything runs under ``torch.inference_mode``, with autocast for fp16/bf16 (parameters
+and inputs stay fp32, as in the paper).
+
+Out of memory (Fig. 5 semantics): a curve is one (family, op, size, batch size) over
+increasing resolution. The first resolution that runs out of memory is recorded with
+status ``"oom"``; every larger resolution of that curve is recorded as ``"skipped"`` and
+not run.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from typing import Any, Callable, Iterator, Mapping
+
+import timm
+import torch
+from torch import nn
+
+from ssog.bench.memory import is_out_of_memory, peak_memory
+from ssog.bench.results import BenchResults, environment
+from ssog.bench.timing import resolve_device, time_interleaved
+from ssog.models import count_flops
+
+__all__ = [
+    "DTYPES",
+    "FAMILIES",
+    "OPS",
+    "PRESETS",
+    "SweepConfig",
+    "model_name",
+    "run_model_sweep",
+]
+
+# Paper order of Fig. 5's rows: continuous (ODE-ViT), discrete (ViT), looped (bViT).
+FAMILIES = ("odevit", "vit", "loopvit")
+OPS = ("mha", "ssog")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+MiB = 2**20
+# The paper's models are its CIFAR-100 classifiers (Table 10); the head is negligible.
+NUM_CLASSES = 100
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What to measure. Resolutions are image sides in pixels (square images).
+
+    ``size`` is the width preset of the resolution x batch-size grid (Fig. 4 and 5);
+    ``width_sizes`` are further widths measured only at the largest resolution with
+    ``width_batch_size`` images (Fig. 1). ``dtype="auto"`` is fp16 autocast on CUDA (as in
+    the paper) and fp32 on CPU.
+    """
+
+    families: tuple[str, ...] = FAMILIES
+    ops: tuple[str, ...] = OPS
+    size: str = "small"
+    resolutions: tuple[int, ...] = (224, 448)
+    batch_sizes: tuple[int, ...] = (4,)
+    width_sizes: tuple[str, ...] = ()
+    width_batch_size: int | None = None
+    warmup: int = 1
+    iters: int = 3
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field."""
+        _check_choices("families", self.families, FAMILIES)
+        _check_choices("ops", self.ops, OPS)
+        if not self.resolutions or min(self.resolutions) < 1:
+            raise ValueError(f"resolutions must be positive image sides in pixels, got {self.resolutions}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch sizes must be positive, got {self.batch_sizes}")
+        if self.width_batch_size is not None and self.width_batch_size < 1:
+            raise ValueError(f"width batch size must be positive, got {self.width_batch_size}")
+        if self.warmup < 1 or self.iters < 1:
+            # The first call of each model runs alone so that an out-of-memory error is
+            # attributed to the model that raised it.
+            raise ValueError(f"need warmup >= 1 and iters >= 1, got warmup={self.warmup} iters={self.iters}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        for size in (self.size, *self.width_sizes):
+            for family in self.families:
+                for op in self.ops:
+                    name = model_name(op, family, size)
+                    patch = int(re.search(r"_patch(\d+)", name).group(1))
+                    uneven = [res for res in self.resolutions if res % patch]
+                    if uneven:
+                        raise ValueError(f"resolutions {uneven} are not multiples of {name}'s patch size {patch}")
+        resolve_device(self.device)
+
+    @property
+    def grid_width_batch_size(self) -> int:
+        """Batch size of the width sweep: ``width_batch_size`` or the grid's smallest."""
+        return self.width_batch_size or min(self.batch_sizes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+
+
+def _check_choices(name: str, values: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    if not values:
+        raise ValueError(f"{name} must not be empty; choose from {', '.join(allowed)}")
+    unknown = [value for value in values if value not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {name} {', '.join(map(repr, unknown))}; expected some of {', '.join(allowed)}")
+
+
+PRESETS: dict[str, SweepConfig] = {
+    # A few minutes on a 2-core CPU: D=384, the three families, two resolutions, two
+    # batch sizes, and the medium width at the larger resolution for Fig. 1.
+    "default": SweepConfig(),
+    # The paper's A40 sweep (Fig. 1, 4, 5): D=768, batch 8-512, 224-1024 px, FP16 autocast.
+    "paper": SweepConfig(
+        size="base",
+        resolutions=(224, 384, 512, 640, 768, 1024),
+        batch_sizes=(8, 32, 64, 128, 256, 512),
+        width_sizes=("small", "medium"),
+        width_batch_size=8,
+        warmup=10,
+        iters=50,
+    ),
+}
+
+
+def model_name(op: str, family: str, size: str) -> str:
+    """The registered timm model ``{op}_{family}_{size}_patch*`` (there must be exactly one)."""
+    prefix = f"{op}_{family}_{size}_patch"
+    names = [name for name in timm.list_models(f"{prefix}*") if name.startswith(prefix)]
+    if len(names) != 1:
+        sizes = sorted({name.split("_")[2] for name in timm.list_models(f"{op}_{family}_*")})
+        found = f"sizes registered for {op}_{family}: {', '.join(sizes)}" if sizes else "is 'import ssog' done?"
+        raise ValueError(f"no unique timm model named {prefix}*: found {names or 'none'} ({found})")
+    return names[0]
+
+
+def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    compute = _AUTOCAST[dtype]
+    if compute is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=compute)
+
+
+def _release(device: torch.device) -> None:
+    """Return freed CUDA memory to the device (CPU tensors are freed as they die)."""
+    if device.type == "cuda":
+        gc.collect()  # an out-of-memory traceback may keep the failed call's tensors alive
+        torch.cuda.empty_cache()
+
+
+def _flops(name: str, resolution: int) -> dict[str, Any]:
+    """Per-image FLOPs and token count, counted on the meta device (no compute)."""
+    with torch.device("meta"):
+        model = timm.create_model(name, img_size=resolution, num_classes=NUM_CLASSES).eval()
+    return count_flops(model, resolution)
+
+
+def _groups(config: SweepConfig) -> Iterator[tuple[str, str, int, tuple[int, ...]]]:
+    """(family, size, resolution, batch sizes) in measurement order."""
+    largest = max(config.resolutions)
+    for family in config.families:
+        for resolution in sorted(config.resolutions):
+            yield family, config.size, resolution, config.batch_sizes
+        for size in config.width_sizes:
+            if size != config.size:
+                yield family, size, largest, (config.grid_width_batch_size,)
+
+
+def _measure(
+    models: Mapping[str, nn.Module],
+    images: torch.Tensor,
+    device: torch.device,
+    dtype: str,
+    warmup: int,
+    iters: int,
+) -> dict[str, dict[str, float] | None]:
+    """Throughput and peak memory of each model on ``images``; ``None`` where it ran out of memory."""
+    measured: dict[str, dict[str, float] | None] = {}
+    calls: dict[str, Callable[[], Any]] = {}
+    batch_size = images.shape[0]
+    with torch.inference_mode(), _autocast(device, dtype):
+        for op, model in models.items():
+            try:
+                for _ in range(warmup):
+                    model(images)
+                calls[op] = partial(model, images)
+            except (RuntimeError, torch.OutOfMemoryError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                measured[op] = None
+            _release(device)
+        timings = time_interleaved(calls, device=device, warmup=0, iters=iters)
+        for op, call in calls.items():
+            model = models[op]
+            try:
+                peak = peak_memory(call, device=device, resident=[*model.parameters(), *model.buffers(), images])
+            except (RuntimeError, torch.OutOfMemoryError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                measured[op] = None
+                continue
+            timing = timings[op]
+            measured[op] = {
+                "images_per_s": batch_size / timing.median,
+                "latency_ms": 1e3 * timing.median,
+                "latency_ms_q1": 1e3 * timing.q1,
+                "latency_ms_q3": 1e3 * timing.q3,
+                "peak_memory_mib": peak / MiB,
+            }
+    return measured
+
+
+def run_model_sweep(
+    config: SweepConfig,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> BenchResults:
+    """Measure every point of ``config``; ``on_row`` sees each row as soon as it is done."""
+    config.validate()
+    device = resolve_device(config.device)
+    dtype = config.dtype if config.dtype != "auto" else ("fp16" if device.type == "cuda" else "fp32")
+    results = BenchResults("model", environment(device, dtype), replace(config, dtype=dtype).to_dict())
+    out_of_memory: set[tuple[str, str, str, int]] = set()
+
+    for family, size, resolution, batch_sizes in _groups(config):
+        ops = [op for op in config.ops if any((family, op, size, b) not in out_of_memory for b in batch_sizes)]
+        models, info = {}, {}
+        for op in ops:
+            name = model_name(op, family, size)
+            model = timm.create_model(name, img_size=resolution, num_classes=NUM_CLASSES).eval()
+            info[op] = {
+                "dim": model.num_features,
+                "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                **_flops(name, resolution),
+            }
+            models[op] = model.to(device)
+        for batch in batch_sizes:
+            todo = {op: model for op, model in models.items() if (family, op, size, batch) not in out_of_memory}
+            measured = {}
+            if todo:
+                in_chans = next(iter(todo.values())).in_chans
+                images = torch.randn(batch, in_chans, resolution, resolution, device=device)
+                measured = _measure(todo, images, device, dtype, config.warmup, config.iters)
+                del images
+            for op in config.ops:
+                row = _row(family, op, size, resolution, batch, device, dtype, info.get(op, {}))
+                if op in measured and measured[op] is None:
+                    row["status"] = "oom"
+                    out_of_memory.add((family, op, size, batch))
+                elif op in measured:
+                    row.update(status="ok", **measured[op])
+                results.rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+        del models
+        _release(device)
+    return results
+
+
+def _row(
+    family: str,
+    op: str,
+    size: str,
+    resolution: int,
+    batch: int,
+    device: torch.device,
+    dtype: str,
+    info: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A row with every column, status ``"skipped"`` and no measurement yet."""
+    return {
+        "family": family,
+        "op": op,
+        "size": size,
+        "model": model_name(op, family, size),
+        "dim": info.get("dim"),
+        "params_m": info.get("params_m"),
+        "resolution": resolution,
+        "tokens": info.get("tokens"),
+        "batch_size": batch,
+        "device": str(device),
+        "dtype": dtype,
+        "status": "skipped",
+        "images_per_s": None,
+        "latency_ms": None,
+        "latency_ms_q1": None,
+        "latency_ms_q3": None,
+        "peak_memory_mib": None,
+        "gflops_per_image": info.get("total_gflops"),
+        "attention_gflops_per_image": info.get("attention_gflops"),
+    }

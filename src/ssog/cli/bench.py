@@ -1,0 +1,107 @@
+"""``ssog bench``: inference throughput and peak memory sweeps, and their plots."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ssog.bench.sweep import DTYPES, FAMILIES, OPS, PRESETS
+
+_OVERRIDES = (
+    "families", "ops", "size", "resolutions", "batch_sizes", "width_sizes", "width_batch_size",
+    "warmup", "iters", "device", "dtype",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="throughput and peak memory vs resolution and batch size (Fig. 1, 4, 5; Table 3)",
+        description=(
+            "Sweep family x op x resolution x batch size with randomly initialised models "
+            "and write results.json, results.csv, summary.md and the figures (PNG and PDF). "
+            "Options override the chosen preset."
+        ),
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                        help="'default': a few minutes on a CPU; 'paper': the paper's GPU sweep")
+    parser.add_argument("--mode", choices=("model", "operator"), default="model",
+                        help="'model': whole models (Fig. 1, 4, 5); 'operator': the token mixer alone (Table 3)")
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, help="model families")
+    parser.add_argument("--ops", nargs="+", choices=OPS, help="token mixers")
+    parser.add_argument("--size", help="width preset of the resolution x batch grid (tiny, small, medium, base)")
+    parser.add_argument("--resolutions", nargs="+", type=int, metavar="PX", help="image sides in pixels")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, metavar="B")
+    parser.add_argument("--width-sizes", nargs="*", metavar="SIZE",
+                        help="further widths measured at the largest resolution (Fig. 1)")
+    parser.add_argument("--width-batch-size", type=int, metavar="B", help="batch size of the width sweep")
+    parser.add_argument("--warmup", type=int, help="untimed iterations per point")
+    parser.add_argument("--iters", type=int, help="timed iterations per point")
+    parser.add_argument("--device", help="auto (CUDA if available), cpu or cuda[:i]")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="autocast dtype, parameters stay fp32; auto = fp16 on CUDA, fp32 on CPU")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads before measuring")
+    parser.add_argument("--output", type=Path, help="output directory (default runs/bench; with --plot, "
+                                                     "the directory of RESULTS)")
+    parser.add_argument("--no-plots", action="store_true", help="write results only")
+    parser.add_argument("--plot", type=Path, metavar="RESULTS",
+                        help="redraw the figures from a results.json (or its directory) instead of measuring")
+    parser.set_defaults(func=run)
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    where = " ".join(f"{key}={row[key]}" for key in ("family", "op", "size", "resolution", "batch_size") if key in row)
+    if row["status"] != "ok":
+        print(f"{where}: {row['status']}", flush=True)
+        return
+    print(f"{where}: {row['images_per_s']:.2f} img/s, {row['peak_memory_mib']:.1f} MiB", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ssog.bench.plots import plot_results
+    from ssog.bench.report import comparison_table
+    from ssog.bench.results import BenchResults
+
+    if args.plot is not None:
+        results = BenchResults.load(args.plot)
+        output = args.output or (args.plot if args.plot.is_dir() else args.plot.parent)
+        for path in plot_results(results, output):
+            print(path)
+        return 0
+
+    overrides = {key: getattr(args, key) for key in _OVERRIDES if getattr(args, key) is not None}
+    config = replace(PRESETS[args.preset], **{
+        key: tuple(value) if isinstance(value, list) else value for key, value in overrides.items()
+    })
+    config.validate()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    output = args.output or Path("runs/bench")
+
+    if args.mode == "operator":
+        try:
+            from ssog.bench.operator import run_operator_sweep
+        except ImportError as error:
+            raise ValueError(f"operator mode is unavailable in this installation: {error}") from error
+        results = run_operator_sweep(config, on_row=_print_row)
+    else:
+        from ssog.bench.sweep import run_model_sweep
+
+        results = run_model_sweep(config, on_row=_print_row)
+    paths = results.save(output)
+    if results.mode == "model":
+        table = comparison_table(results.rows)
+        summary = output / "summary.md"
+        summary.write_text(table, encoding="utf-8")
+        paths.append(summary)
+        print(table)
+        if not args.no_plots:
+            paths += plot_results(results, output)
+    for path in paths:
+        print(path)
+    return 0
