@@ -10,7 +10,7 @@ from ssog.bench import is_out_of_memory, peak_memory, tensor_bytes, time_callabl
 from ssog.bench.plots import plot_results
 from ssog.bench.report import comparison_table, paired_points
 from ssog.bench.results import BenchResults
-from ssog.bench.sweep import SweepConfig, model_name, run_model_sweep
+from ssog.bench.sweep import SweepConfig, _groups, model_name, run_model_sweep
 from ssog.bench.timing import TimingStats, resolve_device
 from ssog.cli import main
 from ssog.layers import MultiHeadAttention
@@ -100,12 +100,12 @@ COLUMNS = [
     "gflops_per_image", "attention_gflops_per_image",
 ]
 # The "micro" preset (8x8 single-channel images, patch 1) keeps every point to milliseconds.
-TINY = dict(size="micro", resolutions=(4, 8), batch_sizes=(1, 2), warmup=1, iters=2, device="cpu")
+TINY = dict(size="micro", resolutions=(4, 8), batch_sizes=(1, 2), width_sizes=(), warmup=1, iters=2, device="cpu")
 
 
 @pytest.fixture(scope="module")
 def sweep_results():
-    config = SweepConfig(families=("vit", "odevit"), width_sizes=("tiny",), **TINY)
+    config = SweepConfig(families=("vit", "odevit"), **{**TINY, "width_sizes": ("micro", "tiny")})
     seen = []
     results = run_model_sweep(config, on_row=seen.append)
     assert seen == results.rows
@@ -212,6 +212,16 @@ def test_sweep_config_rejects_bad_values(overrides, message):
         SweepConfig(**{**TINY, **overrides}).validate()
 
 
+def test_width_sweep_points():
+    """Fig. 1 widths run at the largest resolution only; the grid's width joins when its batch differs."""
+    config = SweepConfig(families=("vit",), **{**TINY, "width_sizes": ("micro", "tiny"), "width_batch_size": 3})
+    assert list(_groups(config)) == [
+        ("vit", "micro", 4, (1, 2)), ("vit", "micro", 8, (1, 2)), ("vit", "micro", 8, (3,)), ("vit", "tiny", 8, (3,)),
+    ]
+    shared = SweepConfig(families=("vit",), **{**TINY, "width_sizes": ("micro", "tiny"), "width_batch_size": 2})
+    assert [group[1:] for group in _groups(shared)][2:] == [("tiny", 8, (2,))]
+
+
 def test_model_name_resolves_presets():
     assert model_name("ssog", "odevit", "base") == "ssog_odevit_base_patch16_224"
     assert model_name("mha", "loopvit", "tiny") == "mha_loopvit_tiny_patch4_32"
@@ -261,22 +271,28 @@ def test_plots_with_oom_marks(tmp_path):
         {**_row("mha", 224, 8, status="oom"), "gflops_per_image": 4.6, "attention_gflops_per_image": 1.4},
         {**_row("ssog", 224, 8, speed=12.0, memory=250.0), "gflops_per_image": 3.8, "attention_gflops_per_image": 0.7},
     ]
-    results = BenchResults("model", {}, {"size": "small"}, rows)
+    results = BenchResults({}, {"size": "small"}, rows)
     paths = plot_results(results, tmp_path)
     assert sorted(path.name for path in paths) == sorted(
         f"{fig}.{ext}" for fig in ("fig4_improvement", "fig5_scaling") for ext in ("png", "pdf")
     )
 
 
-def test_plot_results_rejects_operator_results(tmp_path):
-    with pytest.raises(ValueError, match="model-sweep"):
-        plot_results(BenchResults("operator", {}, {}, []), tmp_path)
+def test_plot_results_rejects_results_without_grid_rows(tmp_path):
+    with pytest.raises(ValueError, match="no rows of the sweep's width 'base'"):
+        plot_results(BenchResults({}, {"size": "base"}, [_row("mha", 224, 4, speed=1.0, memory=1.0)]), tmp_path)
+
+
+def test_load_rejects_foreign_json(tmp_path):
+    (tmp_path / "results.json").write_text('{"results": []}')
+    with pytest.raises(ValueError, match="not a benchmark results file"):
+        BenchResults.load(tmp_path)
 
 
 # --------------------------------------------------------------------- command line
 
 CLI_TINY = ["--size", "micro", "--families", "vit", "--resolutions", "4", "8", "--batch-sizes", "1",
-            "--warmup", "1", "--iters", "2", "--device", "cpu"]
+            "--width-sizes", "--warmup", "1", "--iters", "2", "--device", "cpu"]
 
 
 def test_cli_bench_writes_results_and_plots(tmp_path, capsys):

@@ -1,16 +1,19 @@
-"""Inference benchmarks: throughput and peak memory of models and of the token mixers.
+"""Inference benchmarks: throughput and peak memory.
 
-- :mod:`ssog.bench.timing` and :mod:`ssog.bench.memory`: the measurement helpers shared by
-  every benchmark mode (median/quartiles of per-iteration times; allocator peak memory on
-  CPU and CUDA; out-of-memory detection).
+- :mod:`ssog.bench.timing`, :mod:`ssog.bench.memory`: measurement helpers shared by the
+  benchmarks (per-iteration times with median and quartiles, interleaved timing of several
+  callables, allocator peak memory on CPU and CUDA, out-of-memory detection).
+- :mod:`ssog.bench.sweep`: the model sweep of ``ssog bench`` (family x op x width x
+  resolution x batch size); :mod:`ssog.bench.results` its files; :mod:`ssog.bench.report`
+  SSoG/MHA ratios; :mod:`ssog.bench.plots` the paper's Fig. 1, 4 and 5.
+- :mod:`ssog.bench.operator`: the token mixer alone against SDPA (``ssog bench-op``).
 """
-from ssog.bench.memory import is_out_of_memory, module_bytes, peak_memory, tensor_bytes
+from ssog.bench.memory import is_out_of_memory, peak_memory, tensor_bytes
 from ssog.bench.timing import TimingStats, resolve_device, synchronize, time_callable, time_interleaved
 
 __all__ = [
     "TimingStats",
     "is_out_of_memory",
-    "module_bytes",
     "peak_memory",
     "resolve_device",
     "synchronize",

@@ -19,9 +19,8 @@ import os
 from typing import Any, Callable, Iterable
 
 import torch
-from torch import nn
 
-__all__ = ["is_out_of_memory", "module_bytes", "peak_memory", "tensor_bytes"]
+__all__ = ["is_out_of_memory", "peak_memory", "tensor_bytes"]
 
 _CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
 
@@ -33,11 +32,6 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
         storage = tensor.untyped_storage()
         seen[(tensor.device, storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())
-
-
-def module_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters and buffers."""
-    return tensor_bytes([*module.parameters(), *module.buffers()])
 
 
 def peak_memory(

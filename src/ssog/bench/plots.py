@@ -185,9 +185,7 @@ def plot_width(rows: Sequence[dict[str, Any]], stem: str | os.PathLike) -> list[
 
 
 def plot_results(results: BenchResults, output_dir: str | os.PathLike) -> list[Path]:
-    """Draw every figure the model-sweep ``results`` support into ``output_dir``."""
-    if results.mode != "model":
-        raise ValueError(f"plots are drawn from model-sweep results, got mode {results.mode!r}")
+    """Draw every figure the sweep ``results`` support into ``output_dir``."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     grid_size = results.config["size"]

@@ -73,12 +73,11 @@ def environment(device: torch.device, dtype: str) -> dict[str, Any]:
 
 @dataclass
 class BenchResults:
-    """One benchmark run: ``mode`` ("model" or "operator"), environment, config and rows.
+    """One model sweep: environment, configuration and rows.
 
     Each row is a flat dict with the same keys in the same order (the CSV columns).
     """
 
-    mode: str
     environment: dict[str, Any]
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -96,7 +95,6 @@ class BenchResults:
         output_dir.mkdir(parents=True, exist_ok=True)
         json_path, csv_path = output_dir / JSON_NAME, output_dir / CSV_NAME
         payload = {
-            "mode": self.mode,
             "environment": self.environment,
             "config": self.config,
             "rows": self.rows,
@@ -118,6 +116,6 @@ class BenchResults:
             raise FileNotFoundError(f"no benchmark results at {path} (expected a {JSON_NAME} or a directory holding one)")
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
-            return cls(payload["mode"], payload["environment"], payload["config"], payload["rows"])
+            return cls(payload["environment"], payload["config"], payload["rows"])
         except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise ValueError(f"{path} is not a benchmark results file written by 'ssog bench': {error}") from error

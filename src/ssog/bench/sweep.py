@@ -63,8 +63,8 @@ class SweepConfig:
     """What to measure. Resolutions are image sides in pixels (square images).
 
     ``size`` is the width preset of the resolution x batch-size grid (Fig. 4 and 5);
-    ``width_sizes`` are further widths measured only at the largest resolution with
-    ``width_batch_size`` images (Fig. 1). ``dtype="auto"`` is fp16 autocast on CUDA (as in
+    ``width_sizes`` are the widths of Fig. 1, measured only at the largest resolution with
+    ``width_batch_size`` images (the grid's points are reused where they match). ``dtype="auto"`` is fp16 autocast on CUDA (as in
     the paper) and fp32 on CPU.
     """
 
@@ -72,9 +72,9 @@ class SweepConfig:
     ops: tuple[str, ...] = OPS
     size: str = "small"
     resolutions: tuple[int, ...] = (224, 448)
-    batch_sizes: tuple[int, ...] = (4,)
-    width_sizes: tuple[str, ...] = ()
-    width_batch_size: int | None = None
+    batch_sizes: tuple[int, ...] = (1, 2)
+    width_sizes: tuple[str, ...] = ("small", "medium")
+    width_batch_size: int | None = 1
     warmup: int = 1
     iters: int = 3
     device: str = "auto"
@@ -124,15 +124,18 @@ def _check_choices(name: str, values: tuple[str, ...], allowed: tuple[str, ...])
 
 
 PRESETS: dict[str, SweepConfig] = {
-    # A few minutes on a 2-core CPU: D=384, the three families, two resolutions, two
-    # batch sizes, and the medium width at the larger resolution for Fig. 1.
+    # About two minutes on an idle 2-core CPU: D=384, the three families, 224 and 448 px,
+    # batch 1 and 2, and D=576 at 448 px, batch 1 for Fig. 1.
     "default": SweepConfig(),
-    # The paper's A40 sweep (Fig. 1, 4, 5): D=768, batch 8-512, 224-1024 px, FP16 autocast.
+    # The CPU targets of the benchmark issue: D=384, batch 4, fp32, 224 and 448 px.
+    "cpu-targets": SweepConfig(batch_sizes=(4,), width_sizes=(), width_batch_size=None, warmup=2, iters=10),
+    # The paper's A40 sweep (Fig. 1, 4, 5): D=768, batch 8-512, 224-1024 px, FP16 autocast,
+    # 10 warmup and 50 measured iterations; Fig. 1 at 1024 px, batch 8.
     "paper": SweepConfig(
         size="base",
         resolutions=(224, 384, 512, 640, 768, 1024),
         batch_sizes=(8, 32, 64, 128, 256, 512),
-        width_sizes=("small", "medium"),
+        width_sizes=("small", "medium", "base"),
         width_batch_size=8,
         warmup=10,
         iters=50,
@@ -175,12 +178,14 @@ def _flops(name: str, resolution: int) -> dict[str, Any]:
 def _groups(config: SweepConfig) -> Iterator[tuple[str, str, int, tuple[int, ...]]]:
     """(family, size, resolution, batch sizes) in measurement order."""
     largest = max(config.resolutions)
+    width_batch = config.grid_width_batch_size
     for family in config.families:
         for resolution in sorted(config.resolutions):
             yield family, config.size, resolution, config.batch_sizes
         for size in config.width_sizes:
-            if size != config.size:
-                yield family, size, largest, (config.grid_width_batch_size,)
+            # The grid's own width joins the width sweep unless the grid already holds it.
+            if size != config.size or width_batch not in config.batch_sizes:
+                yield family, size, largest, (width_batch,)
 
 
 def _measure(
@@ -235,7 +240,7 @@ def run_model_sweep(
     config.validate()
     device = resolve_device(config.device)
     dtype = config.dtype if config.dtype != "auto" else ("fp16" if device.type == "cuda" else "fp32")
-    results = BenchResults("model", environment(device, dtype), replace(config, dtype=dtype).to_dict())
+    results = BenchResults(environment(device, dtype), replace(config, dtype=dtype).to_dict())
     out_of_memory: set[tuple[str, str, str, int]] = set()
 
     for family, size, resolution, batch_sizes in _groups(config):

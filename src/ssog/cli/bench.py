@@ -17,17 +17,15 @@ _OVERRIDES = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="throughput and peak memory vs resolution and batch size (Fig. 1, 4, 5; Table 3)",
+        help="model throughput and peak memory vs resolution, batch size and width (Fig. 1, 4, 5)",
         description=(
             "Sweep family x op x resolution x batch size with randomly initialised models "
             "and write results.json, results.csv, summary.md and the figures (PNG and PDF). "
-            "Options override the chosen preset."
+            "Options override the chosen preset. The token mixer alone (Table 3) is 'ssog bench-op'."
         ),
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
                         help="'default': a few minutes on a CPU; 'paper': the paper's GPU sweep")
-    parser.add_argument("--mode", choices=("model", "operator"), default="model",
-                        help="'model': whole models (Fig. 1, 4, 5); 'operator': the token mixer alone (Table 3)")
     parser.add_argument("--families", nargs="+", choices=FAMILIES, help="model families")
     parser.add_argument("--ops", nargs="+", choices=OPS, help="token mixers")
     parser.add_argument("--size", help="width preset of the resolution x batch grid (tiny, small, medium, base)")
@@ -64,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from ssog.bench.plots import plot_results
     from ssog.bench.report import comparison_table
     from ssog.bench.results import BenchResults
+    from ssog.bench.sweep import run_model_sweep
 
     if args.plot is not None:
         results = BenchResults.load(args.plot)
@@ -83,25 +82,15 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     output = args.output or Path("runs/bench")
 
-    if args.mode == "operator":
-        try:
-            from ssog.bench.operator import run_operator_sweep
-        except ImportError as error:
-            raise ValueError(f"operator mode is unavailable in this installation: {error}") from error
-        results = run_operator_sweep(config, on_row=_print_row)
-    else:
-        from ssog.bench.sweep import run_model_sweep
-
-        results = run_model_sweep(config, on_row=_print_row)
+    results = run_model_sweep(config, on_row=_print_row)
     paths = results.save(output)
-    if results.mode == "model":
-        table = comparison_table(results.rows)
-        summary = output / "summary.md"
-        summary.write_text(table, encoding="utf-8")
-        paths.append(summary)
-        print(table)
-        if not args.no_plots:
-            paths += plot_results(results, output)
+    table = comparison_table(results.rows)
+    summary = output / "summary.md"
+    summary.write_text(table, encoding="utf-8")
+    paths.append(summary)
+    print(table)
+    if not args.no_plots:
+        paths += plot_results(results, output)
     for path in paths:
         print(path)
     return 0
