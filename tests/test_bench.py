@@ -329,3 +329,10 @@ def test_cli_bench_rejects_unknown_family(capsys):
         main(["bench", "--families", "transformer"])
     assert exit_info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_sweep_bf16_autocast():
+    config = SweepConfig(families=("loopvit",), **{**TINY, "resolutions": (4,), "batch_sizes": (2,), "dtype": "bf16"})
+    results = run_model_sweep(config)
+    assert results.environment["dtype"] == results.config["dtype"] == "bf16"
+    assert [(row["dtype"], row["status"]) for row in results.rows] == [("bf16", "ok")] * 2

@@ -64,8 +64,8 @@ class SweepConfig:
 
     ``size`` is the width preset of the resolution x batch-size grid (Fig. 4 and 5);
     ``width_sizes`` are the widths of Fig. 1, measured only at the largest resolution with
-    ``width_batch_size`` images (the grid's points are reused where they match). ``dtype="auto"`` is fp16 autocast on CUDA (as in
-    the paper) and fp32 on CPU.
+    ``width_batch_size`` images (the grid's points are reused where they match).
+    ``dtype="auto"`` is fp16 autocast on CUDA (as in the paper) and fp32 on CPU.
     """
 
     families: tuple[str, ...] = FAMILIES
@@ -154,11 +154,13 @@ def model_name(op: str, family: str, size: str) -> str:
     return names[0]
 
 
-def _autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+def _forward(model: nn.Module, images: torch.Tensor, dtype: str) -> torch.Tensor:
+    """One inference call; autocast is entered per call, as an inference loop would, so
+    its cache of low-precision weight copies is made (and counted) by every call."""
     compute = _AUTOCAST[dtype]
-    if compute is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=compute)
+    context = torch.autocast(images.device.type, dtype=compute) if compute else contextlib.nullcontext()
+    with context:
+        return model(images)
 
 
 def _release(device: torch.device) -> None:
@@ -200,12 +202,13 @@ def _measure(
     measured: dict[str, dict[str, float] | None] = {}
     calls: dict[str, Callable[[], Any]] = {}
     batch_size = images.shape[0]
-    with torch.inference_mode(), _autocast(device, dtype):
+    with torch.inference_mode():
         for op, model in models.items():
+            call = partial(_forward, model, images, dtype)
             try:
                 for _ in range(warmup):
-                    model(images)
-                calls[op] = partial(model, images)
+                    call()
+                calls[op] = call
             except (RuntimeError, torch.OutOfMemoryError) as error:
                 if not is_out_of_memory(error):
                     raise
