@@ -23,7 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .kernels import query_positions, steered_axis_kernels
 
-#: Bytes of intermediate one block of the separable path may use. Measured on a 2-core CPU
+#: Bytes of intermediate one block of the separable path may use, at most (and at most
+#: the output's size, so the workspace never dominates). Measured on a 2-core CPU
 #: (docs/results/operator.md): 4 MiB blocks were fastest from 14x14 to 64x64, 0.25-64 MiB tried.
 SEPARABLE_BLOCK_BYTES = 4 * 2**20
 #: Bytes of kernel rows one query chunk of the steered path may materialise.
@@ -58,13 +59,14 @@ def fixed_separable(
         kx: ``(H, R, Wg, Wg)`` x kernels ``[h, r, query col, key col]``.
         key_rows: optional, per query row ``(first, last + 1)`` key rows with non-zero
             weight in any head or atom (the local backend's band); ``None`` = all rows.
-        block_bytes: budget of one block's intermediate (default ``SEPARABLE_BLOCK_BYTES``).
+        block_bytes: budget of one block's intermediate (default: ``SEPARABLE_BLOCK_BYTES``
+            or the output's size, whichever is smaller).
 
     Returns:
         ``(B, H, N, d)``.
     """
-    block_bytes = block_bytes or SEPARABLE_BLOCK_BYTES
     batch, heads, n, dim = v.shape
+    block_bytes = block_bytes or min(SEPARABLE_BLOCK_BYTES, v.numel() * v.element_size())
     _, atoms, rows, _ = ky.shape
     cols = kx.shape[-1]
     ky = ky.to(v.dtype).permute(0, 2, 1, 3).reshape(heads, rows * atoms, rows)  # [(y', r), y]
