@@ -69,35 +69,45 @@ def fixed_separable(
     block_bytes = block_bytes or min(SEPARABLE_BLOCK_BYTES, v.numel() * v.element_size())
     _, atoms, rows, _ = ky.shape
     cols = kx.shape[-1]
-    ky = ky.to(v.dtype).permute(0, 2, 1, 3).reshape(heads, rows * atoms, rows)  # [(y', r), y]
-    kx = kx.to(v.dtype).permute(0, 2, 1, 3).reshape(heads, cols, atoms * cols)  # [x', (r, x)]
+    ky = ky.to(v.dtype).transpose(1, 2).reshape(heads, rows * atoms, rows)  # [(y', r), y]
+    kx = kx.to(v.dtype).transpose(1, 2).reshape(heads, cols, atoms * cols)  # [x', (r, x)]
     values = v.reshape(batch * heads, rows, cols * dim)
+    # One kernel per (batch, head) item: a gather of a few hundred KiB, done once.
     head_of = torch.arange(batch * heads, device=v.device) % heads
+    ky, kx = ky[head_of], kx[head_of]
 
     row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
     items_per_block = max(1, block_bytes // (row_bytes * rows))
     rows_per_block = rows if items_per_block > 1 else max(1, min(rows, block_bytes // row_bytes))
     if key_rows is None and items_per_block >= batch * heads:
         # Small problem: one block, no copies.
-        return _separable_block(values, ky[head_of], kx[head_of], 0, rows, 0, rows).view(batch, heads, n, dim)
+        return _separable_block(values, ky, kx, 0, rows, 0, rows).view(batch, heads, n, dim)
 
     out = v.new_empty(batch * heads, rows, cols, dim)
+    # Without autograd, whole-row blocks are written straight into the output.
+    write_in_place = rows_per_block == rows and not (
+        torch.is_grad_enabled() and (v.requires_grad or ky.requires_grad or kx.requires_grad)
+    )
     for i0 in range(0, batch * heads, items_per_block):
         i1 = min(batch * heads, i0 + items_per_block)
-        block_heads = head_of[i0:i1]
-        ky_block, kx_block = ky[block_heads], kx[block_heads]
+        ky_block, kx_block = ky[i0:i1], kx[i0:i1]
         for y0 in range(0, rows, rows_per_block):
             y1 = min(rows, y0 + rows_per_block)
             k0, k1 = (0, rows) if key_rows is None else _key_span(key_rows, y0, y1)
-            out[i0:i1, y0:y1] = _separable_block(values[i0:i1], ky_block, kx_block, y0, y1, k0, k1)
+            if write_in_place:
+                _separable_block(values[i0:i1], ky_block, kx_block, y0, y1, k0, k1, out=out[i0:i1])
+            else:
+                out[i0:i1, y0:y1] = _separable_block(values[i0:i1], ky_block, kx_block, y0, y1, k0, k1)
     return out.view(batch, heads, n, dim)
 
 
-def _separable_block(values: Tensor, ky: Tensor, kx: Tensor, y0: int, y1: int, k0: int, k1: int) -> Tensor:
+def _separable_block(
+    values: Tensor, ky: Tensor, kx: Tensor, y0: int, y1: int, k0: int, k1: int, out: Tensor | None = None
+) -> Tensor:
     """Query rows ``y0:y1`` of a block of items, reading key rows ``k0:k1``.
 
     ``values (S, Hg, Wg*d)``, ``ky (S, Hg*R, Hg)`` rows ``(y', r)``, ``kx (S, Wg, R*Wg)``
-    columns ``(r, x)``; returns ``(S, y1 - y0, Wg, d)``.
+    columns ``(r, x)``; returns ``(S, y1 - y0, Wg, d)``, in ``out`` (contiguous) if given.
     """
     items, cols, _ = kx.shape
     atoms = ky.shape[1] // ky.shape[2]
@@ -108,6 +118,8 @@ def _separable_block(values: Tensor, ky: Tensor, kx: Tensor, y0: int, y1: int, k
     # x contraction: [x', (r, x)] @ [(r, x), d] for every (item, y'); the kernel of an item
     # is shared by its rows (expanded: bmm needs one batch stride).
     kernel = kx.unsqueeze(1).expand(-1, y1 - y0, -1, -1).reshape(-1, cols, atoms * cols)
+    if out is not None:
+        return torch.bmm(kernel, mixed, out=out.view(-1, cols, dim)).view(items, y1 - y0, cols, dim)
     return torch.bmm(kernel, mixed).view(items, y1 - y0, cols, dim)
 
 
