@@ -11,7 +11,7 @@ from ssog.bench.plots import plot_results
 from ssog.bench.report import comparison_table, paired_points
 from ssog.bench.results import BenchResults
 from ssog.bench.sweep import SweepConfig, _groups, model_name, run_model_sweep
-from ssog.bench.timing import TimingStats, resolve_device
+from ssog.bench.timing import TimingStats, quartiles, resolve_device
 from ssog.cli import main
 from ssog.layers import MultiHeadAttention
 
@@ -45,6 +45,7 @@ def test_timing_stats_summary():
     assert stats.to_dict()["iters"] == 5
     single = TimingStats((0.5,))
     assert single.q1 == single.median == single.q3 == 0.5
+    assert quartiles([3.0, 1.0, 2.0]) == (1.5, 2.0, 2.5)
 
 
 @pytest.mark.parametrize("kwargs", [{"warmup": -1}, {"iters": 0}])
@@ -97,7 +98,7 @@ def test_time_interleaved_alternates_callables():
 COLUMNS = [
     "family", "op", "size", "model", "dim", "params_m", "resolution", "tokens", "batch_size", "device",
     "dtype", "status", "images_per_s", "latency_ms", "latency_ms_q1", "latency_ms_q3", "peak_memory_mib",
-    "gflops_per_image", "attention_gflops_per_image",
+    "gflops_per_image", "attention_gflops_per_image", "speedup", "speedup_q1", "speedup_q3",
 ]
 # The "micro" preset (8x8 single-channel images, patch 1) keeps every point to milliseconds.
 TINY = dict(size="micro", resolutions=(4, 8), batch_sizes=(1, 2), width_sizes=(), warmup=1, iters=2, device="cpu")
@@ -131,6 +132,11 @@ def test_sweep_rows(sweep_results):
             assert row["params_m"] < mha["params_m"]
             assert row["attention_gflops_per_image"] < mha["attention_gflops_per_image"]
             assert row["model"] == f"ssog_{family}_micro_patch1_8"
+    for (family, op, resolution, batch), row in by_op.items():
+        if op == "ssog":
+            assert row["speedup_q1"] <= row["speedup"] <= row["speedup_q3"]
+        else:
+            assert row["speedup"] is None
     # Peak memory grows with the batch (the activations) on top of the same parameters.
     assert by_op["vit", "mha", 8, 2]["peak_memory_mib"] > by_op["vit", "mha", 8, 1]["peak_memory_mib"]
 
@@ -248,9 +254,10 @@ def test_comparison_table_ratios_and_oom():
     assert pairs[0]["throughput_ratio"] == pytest.approx(1.5)
     assert pairs[0]["memory_ratio"] == pytest.approx(0.75)
     assert pairs[1]["throughput_ratio"] is None
+    rows[1].update(speedup=1.4, speedup_q1=1.3, speedup_q3=1.6)
     table = comparison_table(rows).splitlines()
     assert len(table) == 4
-    assert "| 1.50x |" in table[2] and "| 0.75x |" in table[2]
+    assert "| 1.50x | 1.40x [1.30, 1.60] |" in table[2] and "| 0.75x |" in table[2]
     assert "| OOM |" in table[3] and "| 5.00 |" in table[3]
 
 

@@ -9,12 +9,13 @@
 - :mod:`ssog.bench.operator`: the token mixer alone against SDPA (``ssog bench-op``).
 """
 from ssog.bench.memory import is_out_of_memory, peak_memory, tensor_bytes
-from ssog.bench.timing import TimingStats, resolve_device, synchronize, time_callable, time_interleaved
+from ssog.bench.timing import TimingStats, quartiles, resolve_device, synchronize, time_callable, time_interleaved
 
 __all__ = [
     "TimingStats",
     "is_out_of_memory",
     "peak_memory",
+    "quartiles",
     "resolve_device",
     "synchronize",
     "tensor_bytes",

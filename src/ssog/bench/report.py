@@ -12,7 +12,8 @@ def paired_points(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (family, size, resolution, batch size) holding the ``mha`` and ``ssog`` rows.
 
     Entries keep the order in which the points were measured; a side that was not measured
-    is ``None``. Ratios are SSoG over MHA where both sides have status ``"ok"``.
+    is ``None``. ``throughput_ratio`` and ``memory_ratio`` are SSoG over MHA (of the median
+    throughputs and of the peaks) where both sides have status ``"ok"``, else ``None``.
     """
     pairs: dict[tuple, dict[str, Any]] = {}
     for row in rows:
@@ -36,19 +37,28 @@ def _cell(row: dict[str, Any] | None, key: str, digits: int) -> str:
 
 
 def comparison_table(rows: Iterable[dict[str, Any]]) -> str:
-    """Markdown table of throughput and peak memory, MHA vs SSoG, with SSoG/MHA ratios."""
+    """Markdown table of throughput and peak memory, MHA vs SSoG, with SSoG/MHA ratios.
+
+    "SSoG/MHA" is the ratio of median throughputs; "paired speedup" the median over rounds
+    of ``t_mha / t_ssog`` of back-to-back calls, with its quartiles.
+    """
     lines = [
-        "| family | size | px | tokens | batch | MHA img/s | SSoG img/s | SSoG/MHA | MHA MiB | SSoG MiB | SSoG/MHA mem |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| family | size | px | tokens | batch | MHA img/s | SSoG img/s | SSoG/MHA | paired speedup [q1, q3] "
+        "| MHA MiB | SSoG MiB | SSoG/MHA mem |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for pair in paired_points(rows):
         side = pair["mha"] or pair["ssog"]
         ratio = "-" if pair["throughput_ratio"] is None else f"{pair['throughput_ratio']:.2f}x"
         memory = "-" if pair["memory_ratio"] is None else f"{pair['memory_ratio']:.2f}x"
+        ssog = pair["ssog"]
+        paired = "-"
+        if ssog is not None and ssog.get("speedup") is not None:
+            paired = f"{ssog['speedup']:.2f}x [{ssog['speedup_q1']:.2f}, {ssog['speedup_q3']:.2f}]"
         lines.append(
             f"| {pair['family']} | {pair['size']} | {pair['resolution']} | {side['tokens'] or '-'} "
             f"| {pair['batch_size']} | {_cell(pair['mha'], 'images_per_s', 2)} "
-            f"| {_cell(pair['ssog'], 'images_per_s', 2)} | {ratio} "
+            f"| {_cell(pair['ssog'], 'images_per_s', 2)} | {ratio} | {paired} "
             f"| {_cell(pair['mha'], 'peak_memory_mib', 1)} | {_cell(pair['ssog'], 'peak_memory_mib', 1)} | {memory} |"
         )
     return "\n".join(lines) + "\n"

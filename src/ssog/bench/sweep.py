@@ -8,7 +8,8 @@ built at that resolution with random weights, and for each batch size:
    is attributed to the model that raised it);
 2. the models' ``iters`` timed forward passes are interleaved, MHA then SSoG in every
    round (:func:`ssog.bench.timing.time_interleaved`): on a shared CPU whose speed drifts
-   with other processes' load, both sides of a ratio see the same conditions;
+   with other processes' load, both sides of a ratio see the same conditions. The SSoG
+   row's ``speedup`` is the median over rounds of ``t_mha / t_ssog`` (with quartiles);
 3. one more pass per model measures peak memory (:func:`ssog.bench.memory.peak_memory`;
    parameters, buffers and the input batch count as resident).
 
@@ -35,7 +36,7 @@ from torch import nn
 
 from ssog.bench.memory import is_out_of_memory, peak_memory
 from ssog.bench.results import BenchResults, environment
-from ssog.bench.timing import resolve_device, time_interleaved
+from ssog.bench.timing import quartiles, resolve_device, time_interleaved
 from ssog.models import count_flops
 
 __all__ = [
@@ -232,6 +233,12 @@ def _measure(
                 "latency_ms_q3": 1e3 * timing.q3,
                 "peak_memory_mib": peak / MiB,
             }
+    if measured.get("mha") and measured.get("ssog"):
+        # Each round's MHA and SSoG calls ran back to back: their ratio sees one machine
+        # state, so the median over rounds resists load changes better than a ratio of medians.
+        ratios = [mha / ssog for mha, ssog in zip(timings["mha"].samples, timings["ssog"].samples)]
+        q1, median, q3 = quartiles(ratios)
+        measured["ssog"].update(speedup=median, speedup_q1=q1, speedup_q3=q3)
     return measured
 
 
@@ -312,4 +319,7 @@ def _row(
         "peak_memory_mib": None,
         "gflops_per_image": info.get("total_gflops"),
         "attention_gflops_per_image": info.get("attention_gflops"),
+        "speedup": None,
+        "speedup_q1": None,
+        "speedup_q3": None,
     }

@@ -10,11 +10,11 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["TimingStats", "resolve_device", "synchronize", "time_callable", "time_interleaved"]
+__all__ = ["TimingStats", "quartiles", "resolve_device", "synchronize", "time_callable", "time_interleaved"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -41,6 +41,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), inclusive method; a lone value is all three."""
+    if not values:
+        raise ValueError("quartiles of an empty sequence")
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
 @dataclass(frozen=True)
 class TimingStats:
     """Durations of the measured iterations, in seconds, in measurement order."""
@@ -57,12 +67,12 @@ class TimingStats:
 
     @property
     def q1(self) -> float:
-        """First quartile (inclusive method; equals the sample when there is only one)."""
-        return self._quartiles()[0]
+        """First quartile (see :func:`quartiles`)."""
+        return quartiles(self.samples)[0]
 
     @property
     def q3(self) -> float:
-        return self._quartiles()[2]
+        return quartiles(self.samples)[2]
 
     @property
     def min(self) -> float:
@@ -71,11 +81,6 @@ class TimingStats:
     @property
     def max(self) -> float:
         return max(self.samples)
-
-    def _quartiles(self) -> list[float]:
-        if len(self.samples) == 1:
-            return [self.samples[0]] * 3
-        return statistics.quantiles(self.samples, n=4, method="inclusive")
 
     def to_dict(self) -> dict[str, float | int]:
         """Summary in seconds: median, quartiles, extremes and the number of iterations."""
