@@ -243,6 +243,10 @@ def test_auto_picks_dense_for_small_grids_and_separable_for_large():
     assert choose_backend((4, 12, 16, 64), (4, 4), 4, False, cpu) == "dense"
     assert choose_backend((4, 12, 4096, 64), (64, 64), 4, False, cpu) == "separable"
     assert choose_backend((4, 12, 4096, 64), (64, 64), 4, True, cpu) == "dense"
+    # at 14x14 the separable backward's many small GEMMs cost more than one dense GEMM
+    assert choose_backend((4, 12, 196, 64), (14, 14), 4, False, cpu, requires_grad=False) == "separable"
+    assert choose_backend((4, 12, 196, 64), (14, 14), 4, False, cpu, requires_grad=True) == "dense"
+    assert choose_backend((4, 12, 1024, 64), (32, 32), 4, False, cpu, requires_grad=True) == "separable"
 
 
 def test_forced_backend_overrides_and_restores(monkeypatch):

@@ -162,7 +162,7 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
                 extra = {}
                 if name == "auto":
                     shape = (config.batch, config.heads, grid * grid, config.head_dim)
-                    extra["picked"] = choose_backend(shape, (grid, grid), config.atoms, False, device)
+                    extra["picked"] = choose_backend(shape, (grid, grid), config.atoms, False, device, backward)
                 results.append(
                     Measurement(
                         grid, grid * grid, label, name, 1e3 * statistics.median(times),

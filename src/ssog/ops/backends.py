@@ -83,21 +83,29 @@ def fixed_separable(
         # Small problem: one block, no copies.
         return _separable_block(values, ky, kx, 0, rows, 0, rows).view(batch, heads, n, dim)
 
+    # split (not slicing in a loop): its backward is one concatenation, where each
+    # slice's backward would allocate a gradient the size of the whole input.
+    blocks = list(zip(values.split(items_per_block), ky.split(items_per_block), kx.split(items_per_block)))
+    row_starts = range(0, rows, rows_per_block)
+
+    def block(index: int, y0: int, out: Tensor | None = None) -> Tensor:
+        y1 = min(rows, y0 + rows_per_block)
+        k0, k1 = (0, rows) if key_rows is None else _key_span(key_rows, y0, y1)
+        return _separable_block(*blocks[index], y0, y1, k0, k1, out=out)
+
+    if torch.is_grad_enabled() and (v.requires_grad or ky.requires_grad or kx.requires_grad):
+        # Writing blocks into one output in place would make autograd copy the whole
+        # output gradient once per block (CopySlices); concatenation keeps backward linear.
+        return torch.cat(
+            [torch.cat([block(index, y0) for y0 in row_starts], dim=1) for index in range(len(blocks))]
+        ).view(batch, heads, n, dim)
     out = v.new_empty(batch * heads, rows, cols, dim)
-    # Without autograd, whole-row blocks are written straight into the output.
-    write_in_place = rows_per_block == rows and not (
-        torch.is_grad_enabled() and (v.requires_grad or ky.requires_grad or kx.requires_grad)
-    )
-    for i0 in range(0, batch * heads, items_per_block):
-        i1 = min(batch * heads, i0 + items_per_block)
-        ky_block, kx_block = ky[i0:i1], kx[i0:i1]
-        for y0 in range(0, rows, rows_per_block):
-            y1 = min(rows, y0 + rows_per_block)
-            k0, k1 = (0, rows) if key_rows is None else _key_span(key_rows, y0, y1)
-            if write_in_place:
-                _separable_block(values[i0:i1], ky_block, kx_block, y0, y1, k0, k1, out=out[i0:i1])
+    for index, i0 in enumerate(range(0, batch * heads, items_per_block)):
+        for y0 in row_starts:
+            if rows_per_block == rows:  # whole rows: the block's output is contiguous
+                block(index, y0, out=out[i0 : i0 + items_per_block])
             else:
-                out[i0:i1, y0:y1] = _separable_block(values[i0:i1], ky_block, kx_block, y0, y1, k0, k1)
+                out[i0 : i0 + items_per_block, y0 : y0 + rows_per_block] = block(index, y0)
     return out.view(batch, heads, n, dim)
 
 

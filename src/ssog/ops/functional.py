@@ -114,7 +114,8 @@ def mix(
     steered = mu.dim() == 5
     backend = _forced.get() or backend
     if backend == "auto":
-        backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device)
+        requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (v, mu, sigma, weight))
+        backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad)
     if steered and backend == "local":
         raise ValueError("the local backend supports fixed kernels only; use dense or separable")
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
@@ -143,29 +144,34 @@ def choose_backend(
     num_atoms: int,
     steered: bool,
     device: torch.device,
+    requires_grad: bool = False,
 ) -> str:
     """Pick the cheapest backend for fixed or steered kernels by a cost model.
 
     Multiply-adds per call, with ``BH`` batch*heads and ``N = Hg*Wg``:
 
-    - dense: ``BH N^2 d`` plus building ``A`` once per head (``H R N^2``, element-wise,
-      weighted as ``BUILD_COST`` MACs each);
-    - separable: ``BH R N (Hg + Wg) d``, with a penalty for its many small GEMMs
-      (``SEPARABLE_OVERHEAD``, larger on accelerators where launches dominate small work).
+    - dense: ``BH N^2 d`` in one large GEMM per head, plus building ``A`` once per head
+      (``H R N^2`` element-wise work, weighted as 8 MACs each);
+    - separable: ``BH R N (Hg + Wg) d`` in many small GEMMs, weighted by an overhead
+      factor fitted to ``ssog bench-op`` on a 2-core CPU (docs/results/operator.md): 1.9
+      for the forward pass, 2.6 with autograd (its backward is more small GEMMs). On
+      accelerators, where launch latency dominates small GEMMs, 3.0 (not yet measured).
 
-    Steered kernels always use ``dense``: building a row of ``A`` per query costs
-    ``N (R + d)``, against ``R N (Wg + 1) d`` for the separable contraction.
+    Dense is only considered while ``A`` stays small (16 MiB). Steered kernels always use
+    ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable contraction
+    ``R N (Wg + 1) d``.
     """
     if steered:
         return "dense"
     batch, heads, n, dim = value_shape
     rows, cols = grid_size
-    build_cost = 8.0
-    separable_overhead = 1.3 if device.type == "cpu" else 3.0
-    dense_cost = batch * heads * n * n * dim + heads * num_atoms * n * n * build_cost
+    if device.type == "cpu":
+        separable_overhead = 2.6 if requires_grad else 1.9
+    else:
+        separable_overhead = 3.0
+    dense_cost = batch * heads * n * n * dim + heads * num_atoms * n * n * 8
     separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
-    dense_bytes = heads * n * n * 4
-    if dense_cost <= separable_cost and dense_bytes <= 4 * backends.SEPARABLE_BLOCK_BYTES:
+    if dense_cost <= separable_cost and heads * n * n * 4 <= 16 * 2**20:
         return "dense"
     return "separable"
 
