@@ -7,7 +7,9 @@ every candidate of that round alike; speed is reported as the median over rounds
 per-round ratio ``t_sdpa / t_candidate``, with its quartiles.
 
 Peak memory is the allocator's peak during one call (``ssog.bench.memory.peak_memory``),
-operands excluded: output, workspace and, with ``backward``, the gradients.
+operands excluded: output, workspace and, with ``backward``, the gradients. The footprint
+adds the operands each operator needs materialised: ``q, k, v`` for SDPA, ``v`` for SSoG
+(its kernel parameters are a few KiB) — what a layer built on it must hold.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ class Measurement:
     speedup_q3: float | None = None
     peak_mib: float | None = None
     peak_ratio: float | None = None  # candidate peak / SDPA peak
+    footprint_ratio: float | None = None  # (operands + peak) / SDPA's
     note: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -156,6 +159,8 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
                 progress(f"grid {grid}x{grid} {label}: out of memory")
                 continue
             base = samples[BASELINE]
+            operand = config.batch * config.heads * grid * grid * config.head_dim * getattr(torch, config.dtype).itemsize
+            footprints = {name: peak + (3 if name == BASELINE else 1) * operand for name, peak in peaks.items()}
             for name, times in samples.items():
                 ratios = [b / t for b, t in zip(base, times)]
                 q1, median, q3 = _quartiles(ratios)
@@ -168,6 +173,7 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
                         grid, grid * grid, label, name, 1e3 * statistics.median(times),
                         speedup_median=median, speedup_q1=q1, speedup_q3=q3,
                         peak_mib=peaks[name] / 2**20, peak_ratio=peaks[name] / peaks[BASELINE],
+                        footprint_ratio=footprints[name] / footprints[BASELINE],
                         extra=extra,
                     )
                 )
@@ -218,17 +224,18 @@ def environment(config: OperatorConfig) -> dict[str, str | int]:
 
 def markdown_table(results: list[Measurement]) -> str:
     lines = [
-        "| grid | tokens | pass | candidate | median ms | speedup vs SDPA (median [q1, q3]) | peak MiB | peak / SDPA |",
-        "|---|---|---|---|---|---|---|---|",
+        "| grid | tokens | pass | candidate | median ms | speedup vs SDPA (median [q1, q3]) | peak MiB | peak / SDPA | footprint / SDPA |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m in results:
         if m.note:
-            lines.append(f"| {m.grid} | {m.tokens} | {m.pass_} | {m.candidate} | - | {m.note} | - | - |")
+            lines.append(f"| {m.grid} | {m.tokens} | {m.pass_} | {m.candidate} | - | {m.note} | - | - | - |")
             continue
         picked = f" ({m.extra['picked']})" if "picked" in m.extra else ""
         lines.append(
             f"| {m.grid} | {m.tokens} | {m.pass_} | {m.candidate}{picked} | {m.median_ms:.2f} | "
-            f"{m.speedup_median:.2f} [{m.speedup_q1:.2f}, {m.speedup_q3:.2f}] | {m.peak_mib:.1f} | {m.peak_ratio:.2f} |"
+            f"{m.speedup_median:.2f} [{m.speedup_q1:.2f}, {m.speedup_q3:.2f}] | {m.peak_mib:.1f} | {m.peak_ratio:.2f} "
+            f"| {m.footprint_ratio:.2f} |"
         )
     return "\n".join(lines)
 
