@@ -1,0 +1,85 @@
+"""``ssog train``: train a model from defaults, a recipe, and command-line overrides."""
+from __future__ import annotations
+
+import argparse
+
+# (option, config field, type (None: int or float), help); each overrides the recipe when given
+_OPTIONS: list[tuple[str, str, type | None, str]] = [
+    ("--model", "model", str, "timm model name (default: the digits preset)"),
+    ("--dataset", "dataset", str, "digits | cifar10 | cifar100 | imagefolder | synthetic"),
+    ("--data-dir", "data_dir", str, "data folder (CIFAR root or ImageFolder root with train/ and val/)"),
+    ("--val-split", "val_split", None, "split this fraction (<1) or count off the training set for validation"),
+    ("--img-size", "img_size", int, "input size in pixels (default: the data's native size)"),
+    ("--augment", "augment", str, "augmentation level: strong | moderate | weak | none (Table 15)"),
+    ("--epochs", "epochs", int, "training epochs"),
+    ("--batch-size", "batch_size", int, "global batch size (split over processes)"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay"),
+    ("--warmup-epochs", "warmup_epochs", float, "linear warmup length in epochs"),
+    ("--drop-path", "drop_path", float, "stochastic depth rate"),
+    ("--ema-decay", "ema_decay", float, "keep an EMA of the weights with this decay"),
+    ("--amp", "amp", str, "mixed precision: none | bf16 | fp16"),
+    ("--num-workers", "num_workers", int, "data-loading worker processes per training process"),
+    ("--seed", "seed", int, "random seed"),
+    ("--device", "device", str, "auto | cpu | cuda"),
+    ("--threads", "threads", int, "intra-op threads of a CPU run (default 1)"),
+    ("--checkpoint-every", "checkpoint_every", int, "also save last.safetensors every N optimizer steps"),
+    ("--init-from", "init_from", str, "start from this checkpoint's backbone, with a new head"),
+    ("--wandb-project", "wandb_project", str, "log to this Weights & Biases project"),
+]
+_FLAGS: list[tuple[str, str, str]] = [
+    ("--download", "download", "download CIFAR where a network is available"),
+    ("--deterministic", "deterministic", "deterministic algorithms (exactly reproducible on CPU)"),
+    ("--linear-probe", "linear_probe", "train only the classifier on a frozen backbone"),
+    ("--tensorboard", "tensorboard", "also log to TensorBoard (OUTPUT/tensorboard)"),
+]
+
+
+def _number(text: str) -> float | int:
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model (default: a small SSoG ViT on the embedded digits)",
+        description="Train a model. Settings: defaults <- --config FILE (with --variant) <- options "
+                    "<- --set KEY=VALUE. With no options: a small SSoG ViT on scikit-learn's digits.",
+    )
+    parser.add_argument("--config", help="YAML recipe (see configs/)")
+    parser.add_argument("--variant", help="variant of the recipe to run (e.g. one row of an ablation)")
+    parser.add_argument("--list-variants", action="store_true", help="print the recipe's variants and exit")
+    parser.add_argument("--output", "-o", help="run folder (default: runs/<timestamp>)")
+    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config field, e.g. --set model_kwargs.depth=6 (repeatable)")
+    for flag, _, kind, text in _OPTIONS:
+        parser.add_argument(flag, type=kind or _number, default=None, help=text)
+    for flag, _, text in _FLAGS:
+        parser.add_argument(flag, action="store_true", default=None, help=text)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ssog.train import parse_override, recipe_variants, resolve_config, train
+
+    if args.list_variants:
+        if not args.config:
+            raise ValueError("--list-variants needs --config")
+        print("\n".join(recipe_variants(args.config)) or f"{args.config} has no variants")
+        return 0
+    overrides = [(field, getattr(args, field)) for _, field, *_ in _OPTIONS + _FLAGS
+                 if getattr(args, field) is not None]
+    if args.output is not None:
+        overrides.append(("output", args.output))
+    if args.no_progress:
+        overrides.append(("progress", False))
+    overrides += [parse_override(text) for text in args.set]
+    if args.resume:
+        if args.config or args.variant or overrides:
+            raise ValueError("--resume DIR continues a run with its saved configuration; give no other settings")
+        train(resume=args.resume)
+    else:
+        train(resolve_config(args.config, args.variant, overrides))
+    return 0

@@ -1,0 +1,213 @@
+"""Data sources: the embedded digits, CIFAR-10/100, ImageFolder trees and synthetic images.
+
+Every source returns a train and a validation dataset of ``(PIL image, class index)``
+pairs, untransformed (transforms are applied by :class:`ssog.data.loader.TransformedDataset`
+so that a train and a validation split can share one underlying dataset), plus a
+:class:`DatasetInfo` describing them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+from sklearn.model_selection import train_test_split
+from torch.utils.data import Dataset, Subset
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+__all__ = ["DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "stratified_split"]
+
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
+
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+
+IMAGEFOLDER_LAYOUT = (
+    "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
+    "(or only DIR/train with val_split set)"
+)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model and its transforms need to know about a data source.
+
+    ``native_size`` is the side of the stored images in pixels, ``crop_pct`` the evaluation
+    centre-crop fraction, ``hflip`` whether horizontal flips preserve the class.
+    """
+
+    name: str
+    num_classes: int
+    in_chans: int
+    native_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = 1.0
+    hflip: bool = True
+    classes: tuple[str, ...] = field(default=(), repr=False)
+
+
+class ArrayDataset(Dataset):
+    """In-memory ``uint8`` images ``(N, H, W)`` (grey) or ``(N, H, W, 3)`` (RGB) with labels."""
+
+    def __init__(self, images: np.ndarray, targets: Sequence[int]):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(targets):
+            raise ValueError(
+                f"ArrayDataset expects uint8 images (N, H, W[, 3]) and N targets, got "
+                f"{images.dtype} {images.shape} and {len(targets)} targets"
+            )
+        self.images = images
+        self.targets = [int(t) for t in targets]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return Image.fromarray(self.images[index]), self.targets[index]
+
+
+def stratified_split(
+    targets: Sequence[int], val_split: float | int, seed: int
+) -> tuple[list[int], list[int]]:
+    """Seeded stratified split of ``range(len(targets))`` into (train, val) index lists.
+
+    ``val_split`` is a fraction in (0, 1) or a number of validation samples.
+    """
+    n = len(targets)
+    valid = (isinstance(val_split, float) and 0.0 < val_split < 1.0) or (
+        isinstance(val_split, int) and not isinstance(val_split, bool) and 0 < val_split < n
+    )
+    if not valid:
+        raise ValueError(
+            f"val_split must be a fraction in (0, 1) or a sample count in [1, {n - 1}], got {val_split!r}"
+        )
+    train_idx, val_idx = train_test_split(
+        np.arange(n), test_size=val_split, stratify=np.asarray(targets), random_state=seed, shuffle=True
+    )
+    return sorted(train_idx.tolist()), sorted(val_idx.tolist())
+
+
+def _split(dataset: Dataset, targets: Sequence[int], val_split: float | int, seed: int) -> tuple[Subset, Subset]:
+    train_idx, val_idx = stratified_split(targets, val_split, seed)
+    return Subset(dataset, train_idx), Subset(dataset, val_idx)
+
+
+def _digits(val_split: float | int | None, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()  # bundled with scikit-learn: 1797 images, 8x8, values 0..16
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    full = ArrayDataset(images, digits.target)
+    train, val = _split(full, full.targets, 0.2 if val_split is None else val_split, seed)
+    info = DatasetInfo("digits", 10, 1, 8, (0.5,), (0.5,), hflip=False,
+                       classes=tuple(str(c) for c in digits.target_names))
+    return train, val, info
+
+
+def _synthetic(size: int, num_classes: int, img_size: int, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """Random RGB images with a class-dependent colour offset, so that a model can learn them."""
+    if size < 2 * num_classes:
+        raise ValueError(f"synthetic_size must be at least 2 * num_classes = {2 * num_classes}, got {size}")
+    rng = np.random.default_rng(seed)
+    n_val = max(num_classes, size // 4)
+    targets = np.arange(size + n_val) % num_classes
+    offsets = rng.uniform(-60, 60, size=(num_classes, 1, 1, 3))
+    noise = rng.normal(127.5, 40.0, size=(size + n_val, img_size, img_size, 3))
+    images = np.clip(noise + offsets[targets], 0, 255).astype(np.uint8)
+    info = DatasetInfo("synthetic", num_classes, 3, img_size, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25),
+                       classes=tuple(str(c) for c in range(num_classes)))
+    return ArrayDataset(images[:size], targets[:size]), ArrayDataset(images[size:], targets[size:]), info
+
+
+def _cifar(name: str, root: str | None, download: bool, val_split: float | int | None,
+           seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    cls, folder = (CIFAR10, "cifar-10-batches-py") if name == "cifar10" else (CIFAR100, "cifar-100-python")
+    if root is None:
+        raise ValueError(f"dataset {name!r} needs data_dir (a folder holding {folder}/, or --download)")
+    try:
+        train = cls(root, train=True, download=download)
+        test = None if val_split is not None else cls(root, train=False, download=download)
+    except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
+        raise FileNotFoundError(
+            f"{name} not found in {root}: expected the python version of the data set in "
+            f"{Path(root) / folder} (pass --download where a network is available)"
+        ) from error
+    mean, std = (CIFAR10_MEAN, CIFAR10_STD) if name == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+    info = DatasetInfo(name, len(train.classes), 3, 32, mean, std, classes=tuple(train.classes))
+    if test is None:
+        train, test = _split(train, train.targets, val_split, seed)
+    return train, test, info
+
+
+def _image_folder(path: Path):
+    from torchvision.datasets import ImageFolder
+
+    classes = [p for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
+    if not classes:
+        raise ValueError(f"{path} has no class folders; expected {IMAGEFOLDER_LAYOUT}")
+    try:
+        return ImageFolder(str(path))
+    except FileNotFoundError as error:  # class folders without any image file
+        raise FileNotFoundError(f"{path}: {error}; expected {IMAGEFOLDER_LAYOUT}") from error
+
+
+def _imagefolder(root: str | None, val_split: float | int | None, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    if root is None:
+        raise ValueError(f"dataset 'imagefolder' needs data_dir; expected {IMAGEFOLDER_LAYOUT}")
+    base = Path(root)
+    if not base.is_dir():
+        raise FileNotFoundError(f"data folder {base} does not exist; expected {IMAGEFOLDER_LAYOUT}")
+    if not (base / "train").is_dir():
+        found = sorted(p.name for p in base.iterdir() if p.is_dir())
+        raise ValueError(f"{base} has no 'train' folder (found folders: {found}); expected {IMAGEFOLDER_LAYOUT}")
+    train = _image_folder(base / "train")
+    if val_split is not None:
+        train_set, val_set = _split(train, train.targets, val_split, seed)
+    elif (base / "val").is_dir():
+        train_set, val_set = train, _image_folder(base / "val")
+        if val_set.classes != train.classes:
+            raise ValueError(
+                f"class folders of {base / 'val'} ({len(val_set.classes)}) differ from those of "
+                f"{base / 'train'} ({len(train.classes)}); both splits need the same class folders"
+            )
+    else:
+        found = sorted(p.name for p in base.iterdir() if p.is_dir())
+        raise ValueError(
+            f"{base} has no 'val' folder (found folders: {found}) and val_split is not set; "
+            f"expected {IMAGEFOLDER_LAYOUT}"
+        )
+    info = DatasetInfo("imagefolder", len(train.classes), 3, 224, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
+                       crop_pct=0.875, classes=tuple(train.classes))
+    return train_set, val_set, info
+
+
+def build_datasets(
+    name: str,
+    data_dir: str | None = None,
+    *,
+    download: bool = False,
+    val_split: float | int | None = None,
+    split_seed: int = 0,
+    synthetic_size: int = 256,
+    synthetic_classes: int = 10,
+    synthetic_img_size: int = 32,
+) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """The (train, val, info) of data source ``name`` (one of :data:`DATASETS`).
+
+    ``val_split`` (a fraction or a count) splits the validation set off the training set,
+    stratified and seeded by ``split_seed``; ``None`` uses the source's own validation split
+    (CIFAR's test set, ImageFolder's ``val`` folder, 20% of the digits).
+    """
+    if name == "digits":
+        return _digits(val_split, split_seed)
+    if name in ("cifar10", "cifar100"):
+        return _cifar(name, data_dir, download, val_split, split_seed)
+    if name == "imagefolder":
+        return _imagefolder(data_dir, val_split, split_seed)
+    if name == "synthetic":
+        return _synthetic(synthetic_size, synthetic_classes, synthetic_img_size, split_seed)
+    raise ValueError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")

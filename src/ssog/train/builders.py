@@ -1,0 +1,103 @@
+"""Data and model construction from a :class:`TrainConfig`, shared by training and evaluation."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import timm
+import torch
+from torch.utils.data import DataLoader
+
+from ssog.data import DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform
+from ssog.train.config import TrainConfig
+from ssog.train.distributed import DistContext, barrier
+
+__all__ = ["DataBundle", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS"]
+
+# Set from the data set and the config's own fields, never through model_kwargs.
+RESERVED_MODEL_KWARGS = {
+    "num_classes": "the data set", "in_chans": "the data set", "img_size": "img_size",
+    "drop_path_rate": "drop_path", "pretrained": "init_from",
+}
+
+
+@dataclass
+class DataBundle:
+    info: DatasetInfo
+    img_size: int
+    train_loader: DataLoader
+    val_loader: DataLoader
+
+
+def _datasets(cfg: TrainConfig, ctx: DistContext):
+    def make():
+        train, val, info = build_datasets(
+            cfg.dataset, cfg.data_dir, download=cfg.download, val_split=cfg.val_split,
+            split_seed=cfg.split_seed, synthetic_size=cfg.synthetic_size,
+            synthetic_classes=cfg.synthetic_classes, synthetic_img_size=cfg.img_size or 32,
+        )
+        return train, val, info if cfg.crop_pct is None else dataclasses.replace(info, crop_pct=cfg.crop_pct)
+
+    if cfg.download and ctx.distributed:  # one process downloads, the others wait and read
+        splits = make() if ctx.is_main else None
+        barrier(ctx)
+        return splits or make()
+    return make()
+
+
+def _local_batch(cfg: TrainConfig, ctx: DistContext) -> int:
+    if cfg.batch_size % ctx.world_size:
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of processes {ctx.world_size}")
+    return cfg.batch_size // ctx.world_size
+
+
+def _eval_loader(dataset, info: DatasetInfo, img_size: int, batch: int, cfg: TrainConfig,
+                 ctx: DistContext) -> DataLoader:
+    transform = build_transform("none", img_size, info.mean, info.std, train=False, crop_pct=info.crop_pct)
+    return build_loader(TransformedDataset(dataset, transform), batch, train=False, rank=ctx.rank,
+                        world_size=ctx.world_size, num_workers=cfg.num_workers,
+                        pin_memory=ctx.device.type == "cuda")
+
+
+def build_data(cfg: TrainConfig, ctx: DistContext) -> DataBundle:
+    """Datasets, transforms and loaders for this process (``cfg.batch_size`` is global)."""
+    local_batch = _local_batch(cfg, ctx)
+    train_base, val_base, info = _datasets(cfg, ctx)
+    img_size = cfg.img_size or info.native_size
+    train_tf = build_transform(cfg.augment, img_size, info.mean, info.std, train=True,
+                               crop_pct=info.crop_pct, allow_hflip=info.hflip)
+    train_loader = build_loader(TransformedDataset(train_base, train_tf, seed=cfg.seed), local_batch, train=True,
+                                seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
+                                num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda")
+    if len(train_loader) == 0:
+        raise ValueError(
+            f"the training set ({len(train_base)} samples, {len(train_base) // ctx.world_size} per process) "
+            f"is smaller than one batch ({local_batch} per process); lower batch_size"
+        )
+    val_loader = _eval_loader(val_base, info, img_size, local_batch, cfg, ctx)
+    return DataBundle(info, img_size, train_loader, val_loader)
+
+
+def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val") -> tuple[DataLoader, DatasetInfo]:
+    """An evaluation loader (no augmentation) over the ``train`` or ``val`` split at ``cfg.img_size``."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    train_base, val_base, info = _datasets(cfg, ctx)
+    img_size = cfg.img_size or info.native_size
+    dataset = val_base if split == "val" else train_base
+    return _eval_loader(dataset, info, img_size, _local_batch(cfg, ctx), cfg, ctx), info
+
+
+def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int) -> torch.nn.Module:
+    """``timm.create_model(cfg.model, **cfg.model_kwargs)`` sized for the data."""
+    for key, source in RESERVED_MODEL_KWARGS.items():
+        if key in cfg.model_kwargs:
+            raise ValueError(f"model_kwargs may not set {key!r}: it comes from {source}")
+    if not timm.is_model(cfg.model):
+        ours = timm.list_models("ssog_*") + timm.list_models("mha_*")
+        raise ValueError(f"unknown model {cfg.model!r}; ssog models: {', '.join(ours) or 'none registered'}")
+    try:
+        return timm.create_model(cfg.model, num_classes=num_classes, in_chans=in_chans, img_size=img_size,
+                                 drop_path_rate=cfg.drop_path, **cfg.model_kwargs)
+    except TypeError as error:  # an option the model does not take
+        raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {error}") from error

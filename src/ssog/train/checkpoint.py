@@ -1,0 +1,185 @@
+"""Checkpoints: the whole training state in one safetensors file, written atomically.
+
+A checkpoint is a nested state (model and EMA weights, optimizer, scheduler, scaler, RNG
+states, progress counters, the run's config) stored as a single ``.safetensors`` file:
+every tensor becomes one entry named by its path in the state (``model/blocks.0.mlp.fc1.weight``,
+``optimizer/state/3/exp_avg``), and the rest of the structure is JSON in the file's
+metadata. One file means one atomic ``os.replace``: a run killed while saving leaves the
+previous checkpoint intact, never a mix of two. Loading never unpickles anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+__all__ = [
+    "FORMAT", "save_checkpoint", "load_checkpoint", "read_checkpoint_info",
+    "check_state_dict", "checkpoint_path",
+]
+
+FORMAT = "ssog-checkpoint-v1"
+_META_KEY = "ssog_state"
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """JSON skeleton of ``obj``; tensors and arrays are moved into ``tensors`` under ``path``."""
+    if isinstance(obj, torch.Tensor):
+        # A private contiguous CPU copy: safetensors refuses shared or strided storage.
+        tensors[path] = obj.detach().to("cpu", copy=True).contiguous()
+        return {"__tensor__": path}
+    if isinstance(obj, np.ndarray):
+        tensors[path] = torch.from_numpy(obj.astype(np.int64) if obj.dtype == np.uint32 else obj.copy())
+        return {"__ndarray__": path, "dtype": str(obj.dtype)}
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (list, tuple)):
+        items = [_encode(v, _join(path, i), tensors) for i, v in enumerate(obj)]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, _join(path, k), tensors) for k, v in obj.items()}
+        return {"__items__": [[k, _encode(v, _join(path, k), tensors)] for k, v in obj.items()]}
+    raise TypeError(f"cannot store {type(obj).__name__} at {path!r} in a checkpoint")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__ndarray__" in obj:
+        return tensors[obj["__ndarray__"]].numpy().astype(obj["dtype"])
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {k: _decode(v, tensors) for k, v in obj["__items__"]}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``path`` atomically (temporary file in the same folder + rename).
+
+    The ``model`` (and ``ema``) entries must be flat state dicts: their tensors are stored
+    as ``model/<parameter name>``, readable by any safetensors tool.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _encode(state, "", tensors)
+    skeleton_json = json.dumps(skeleton)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={"format": "pt", "ssog_format": FORMAT, _META_KEY: skeleton_json})
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # make the rename itself durable
+    finally:
+        os.close(directory)
+    return path
+
+
+def _open(path: Path):
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        handle = safe_open(str(path), framework="pt")
+        metadata = handle.metadata() or {}
+    except Exception as error:  # safetensors raises its own error type for bad headers
+        raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({error})") from error
+    if metadata.get("ssog_format") != FORMAT:
+        raise ValueError(
+            f"{path} is not an ssog training checkpoint (format {metadata.get('ssog_format')!r}, "
+            f"expected {FORMAT!r}); plain weight files are accepted by --init-from"
+        )
+    return handle, metadata
+
+
+def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The state saved by :func:`save_checkpoint`; ``only`` restricts it to some top-level keys."""
+    path = Path(path)
+    handle, metadata = _open(path)
+    skeleton = json.loads(metadata[_META_KEY])
+    if only is not None:
+        skeleton = {k: v for k, v in skeleton.items() if k in only}
+    needed: list[str] = []
+
+    def collect(obj: Any) -> None:
+        if isinstance(obj, dict):
+            if "__tensor__" in obj or "__ndarray__" in obj:
+                needed.append(obj.get("__tensor__", obj.get("__ndarray__")))
+            else:
+                for value in obj.values():
+                    collect(value)
+        elif isinstance(obj, list):
+            for value in obj:
+                collect(value)
+
+    collect(skeleton)
+    try:
+        tensors = {name: handle.get_tensor(name) for name in needed}
+    except Exception as error:
+        raise ValueError(f"checkpoint {path} is truncated or corrupt ({error})") from error
+    return _decode(skeleton, tensors)
+
+
+def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """The JSON part of a checkpoint (config, progress, metrics) without loading tensors."""
+    return load_checkpoint(path, only=("config", "progress", "metrics", "kind"))
+
+
+def checkpoint_path(run_or_file: str | Path, name: str = "last") -> Path:
+    """``DIR/<name>.safetensors`` for a run folder, or the file itself."""
+    path = Path(run_or_file)
+    if path.is_dir():
+        candidate = path / f"{name}.safetensors"
+        if not candidate.is_file():
+            raise FileNotFoundError(
+                f"no checkpoint {candidate}: {path} is not a run folder with a saved checkpoint "
+                f"(runs write last.safetensors and best.safetensors)"
+            )
+        return candidate
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def check_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str,
+                     allow_missing: tuple[str, ...] = ()) -> None:
+    """Raise ValueError unless ``state_dict`` has exactly ``model``'s keys and shapes.
+
+    Keys starting with one of ``allow_missing`` may be absent from ``state_dict``.
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict and not k.startswith(allow_missing)]
+    unexpected = [k for k in state_dict if k not in expected]
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items() if k in state_dict and state_dict[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
+            if items:
+                shown = ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")
+                parts.append(f"{label}: {shown}")
+        raise ValueError(f"{source} does not match the model ({'; '.join(parts)})")

@@ -1,0 +1,247 @@
+"""Training configuration: one flat dataclass, YAML recipes with inheritance and variants.
+
+A recipe is a YAML mapping of :class:`TrainConfig` fields plus two optional keys:
+
+* ``base: other.yaml`` (or a list): files, relative to this one, whose settings this file
+  extends; mappings (``model_kwargs``) merge key by key, everything else is replaced.
+* ``variants: {name: {...}}``: named sets of overrides, e.g. the rows of an ablation table;
+  ``--variant name`` picks one (a file with variants needs one).
+
+A run from a recipe writes to ``runs/<recipe file stem>/<variant>`` unless ``output`` is set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+__all__ = ["TrainConfig", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
+
+DEFAULT_MODEL = "ssog_vit_micro_patch1_8"
+# 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
+# every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
+# digits then train several times slower.
+DEFAULT_MODEL_KWARGS = {"patch_size": 2, "global_pool": "avg"}
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; defaults train the embedded digits on a small SSoG ViT.
+
+    Sizes are in pixels, ``batch_size`` is global (split over processes), learning rates are
+    absolute, ``warmup_epochs`` / ``epochs`` count passes over the training set.
+    """
+
+    # model: created with timm.create_model(model, **model_kwargs, num_classes=..., ...)
+    model: str = DEFAULT_MODEL
+    model_kwargs: dict[str, Any] | None = None  # None: DEFAULT_MODEL_KWARGS for the default model, else {}
+    drop_path: float = 0.0
+    # data
+    dataset: str = "digits"
+    data_dir: str | None = None
+    download: bool = False
+    img_size: int | None = None  # None: the data set's native size
+    val_split: float | int | None = None  # None: the data set's own validation split
+    split_seed: int = 0
+    crop_pct: float | None = None  # evaluation centre-crop fraction (None: the data set's)
+    synthetic_size: int = 256
+    synthetic_classes: int = 10
+    augment: str = "none"  # strong | moderate | weak | none (Table 15)
+    mixup: float | None = None  # None: the augmentation level's alpha
+    cutmix: float | None = None
+    num_workers: int = 0
+    # optimisation
+    epochs: int = 30
+    batch_size: int = 64
+    opt: str = "adamw"
+    lr: float = 5e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 2
+    warmup_lr: float = 1e-5
+    min_lr: float = 1e-5
+    clip_grad: float | None = 1.0
+    label_smoothing: float = 0.1
+    ema_decay: float | None = None
+    amp: str = "none"  # none | bf16 | fp16 (autocast; fp16 uses a gradient scaler)
+    # transfer
+    init_from: str | None = None  # checkpoint whose backbone starts the run (new head)
+    init_keep_head: bool = False  # also load its classifier (same classes: warm starts)
+    linear_probe: bool = False
+    # run
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    # Intra-op threads of a CPU run (null: torch's default, one per core). One by default:
+    # the small models trained on CPUs gain little from more, and on a shared machine an
+    # oversubscribed thread pool made steps 5-20x slower (docs/results/cifar10_tiny.md).
+    threads: int | None = 1
+    output: str | None = None  # None: runs/<timestamp>
+    checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
+    progress: bool = True
+    tensorboard: bool = False
+    wandb_project: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_kwargs is None:
+            self.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if self.model == DEFAULT_MODEL else {}
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field that is out of range."""
+        checks = [
+            (self.epochs >= 1, "epochs must be >= 1"),
+            (self.crop_pct is None or 0 < self.crop_pct <= 1, "crop_pct must be in (0, 1] or null"),
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.lr > 0, "lr must be > 0"),
+            (self.warmup_epochs >= 0, "warmup_epochs must be >= 0"),
+            (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: epoch ends only)"),
+            (self.num_workers >= 0, "num_workers must be >= 0"),
+            (self.threads is None or self.threads >= 1, "threads must be >= 1 or null (torch's default)"),
+            (self.amp in ("none", "bf16", "fp16"), f"amp must be none, bf16 or fp16, got {self.amp!r}"),
+            (self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}"),
+            (self.ema_decay is None or 0 < self.ema_decay < 1, "ema_decay must be in (0, 1) or null"),
+            (0 <= self.drop_path < 1, "drop_path must be in [0, 1)"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+            (isinstance(self.model_kwargs, dict), "model_kwargs must be a mapping"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"bad training config: {message}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training config keys {unknown}; known keys: {sorted(known)}")
+        hints = typing.get_type_hints(cls)
+        values = dict(values)
+        for key, value in values.items():
+            values[key] = value = _yaml_float(value, hints[key])
+            if not _matches(value, hints[key]):
+                kind = hints[key].__name__ if isinstance(hints[key], type) else str(hints[key])
+                raise ValueError(f"training config key {key!r} must be {kind}, got {value!r}")
+        return cls(**values)
+
+
+def _yaml_float(value: Any, hint: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; accept it where a float is expected."""
+    if isinstance(value, str) and float in (typing.get_args(hint) or (hint,)):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a YAML value fits a field's type hint (ints are accepted for floats)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for option in options:
+        option = typing.get_origin(option) or option
+        if option is type(None) and value is None:
+            return True
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option in (bool, str, dict) and isinstance(value, option):
+            return True
+    return False
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def load_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The settings of a recipe file with its ``base:`` files merged in (``variants`` kept)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ValueError(f"config inheritance cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
+    data = _read_yaml(path)
+    bases = data.pop("base", None) or []
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        parent = load_recipe(path.parent / base, (*_seen, path))
+        parent.pop("variants", None)  # variants belong to the file that declares them
+        merged = _merge(merged, parent)
+    return _merge(merged, data)
+
+
+def recipe_variants(path: str | Path) -> list[str]:
+    """Names of the variants a recipe declares (empty if it has none)."""
+    return list(load_recipe(path).get("variants") or {})
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` or ``key.sub=value`` (value parsed as YAML) into ``(key, value)``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"override {text!r} must look like key=value (e.g. model_kwargs.depth=6)")
+    return key.strip(), yaml.safe_load(value)
+
+
+def resolve_config(
+    recipe: str | Path | None = None,
+    variant: str | None = None,
+    overrides: Iterable[tuple[str, Any]] = (),
+) -> TrainConfig:
+    """Defaults <- recipe file (with bases) <- its ``variant`` <- ``overrides``.
+
+    Overrides are ``(key, value)`` pairs; dotted keys set one entry of a mapping field
+    (``model_kwargs.depth``).
+    """
+    values: dict[str, Any] = {}
+    if recipe is not None:
+        values = load_recipe(recipe)
+        variants = values.pop("variants", None) or {}
+        if variants and variant is None:
+            raise ValueError(f"{recipe} defines variants {list(variants)}: choose one with --variant")
+        if variant is not None:
+            if variant not in variants:
+                raise ValueError(f"{recipe} has no variant {variant!r}; it defines {list(variants)}")
+            values = _merge(values, variants[variant])
+    elif variant is not None:
+        raise ValueError("--variant needs --config")
+    overrides = list(overrides)
+    model = next((v for k, v in reversed(overrides) if k == "model"), values.get("model", DEFAULT_MODEL))
+    if model == DEFAULT_MODEL and "model_kwargs" not in values:
+        values["model_kwargs"] = dict(DEFAULT_MODEL_KWARGS)  # so that model_kwargs.x=... extends them
+    for key, value in overrides:
+        head, _, rest = key.partition(".")
+        values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
+    if recipe is not None and values.get("output") is None:
+        # A fixed place per recipe and variant, so that recipes can name each other's
+        # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
+        values["output"] = str(Path("runs") / Path(recipe).stem / (variant or "run"))
+    return TrainConfig.from_dict(values)
+
+
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    for part in reversed(dotted.split(".")):
+        value = {part: value}
+    return value

@@ -1,0 +1,377 @@
+"""The training loop: AdamW + warmup/cosine, mixup, EMA, AMP, DDP, exact resume.
+
+Run folder (``cfg.output``): ``config.yaml``, ``last.safetensors`` (full state, rewritten at
+every epoch end and every ``checkpoint_every`` steps), ``best.safetensors`` (weights of the
+best validation Acc@1), ``log.jsonl`` / ``log.csv`` / ``curves.png`` (one row per epoch) and,
+at the end, ``summary.json``.
+
+Resuming restores weights, optimizer, scheduler, scaler, EMA, the sampler position and every
+process's python/numpy/torch RNG state, so with ``deterministic`` on a CPU a resumed run ends
+with exactly the metrics of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from ssog.data import get_augmentation
+from ssog.train.builders import build_data, build_model
+from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
+from ssog.train.config import TrainConfig
+from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
+from ssog.train.logger import RunLogger, write_text_atomic
+from ssog.train.metrics import autocast, evaluate
+from ssog.train.transfer import freeze_backbone, init_from_checkpoint
+
+__all__ = ["train", "Trainer"]
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def torch_settings(cfg: TrainConfig, ctx: DistContext):
+    """CPU threads and determinism for the run, restored afterwards (training is also a library call)."""
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    if ctx.device.type == "cpu" and cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+    torch.use_deterministic_algorithms(cfg.deterministic)
+    torch.backends.cudnn.benchmark = not cfg.deterministic
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
+        torch.backends.cudnn.benchmark = saved[2]
+
+
+class Trainer:
+    """One training run in this process (rank ``ctx.rank`` of ``ctx.world_size``)."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, output: Path, resume_state: dict[str, Any] | None = None):
+        self.cfg, self.ctx, self.output = cfg, ctx, output
+        self.main = ctx.is_main
+        self.data = build_data(cfg, ctx)
+        self.steps_per_epoch = len(self.data.train_loader)
+        info = self.data.info
+
+        _seed_all(cfg.seed)  # the same initial weights in every process
+        self.model = build_model(cfg, info.num_classes, info.in_chans, self.data.img_size)
+        if cfg.init_from and resume_state is None:
+            init_from_checkpoint(self.model, cfg.init_from, cfg.init_keep_head, log=self.log)
+        if cfg.linear_probe:
+            trainable = freeze_backbone(self.model)
+            self.log(f"linear probe: {trainable:,} trainable parameters (classifier only)")
+        self.model.to(ctx.device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+
+        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler, _ = create_scheduler_v2(
+            self.optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+            warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, step_on_epochs=False,
+            updates_per_epoch=self.steps_per_epoch,
+        )
+        self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp == "fp16")
+        self.ema = ModelEmaV3(self.model, decay=cfg.ema_decay) if cfg.ema_decay else None
+
+        aug = get_augmentation(cfg.augment)
+        mixup = aug.mixup if cfg.mixup is None else cfg.mixup
+        cutmix = aug.cutmix if cfg.cutmix is None else cfg.cutmix
+        self.mixup = None
+        if mixup > 0 or cutmix > 0:
+            if (cfg.batch_size // ctx.world_size) % 2:
+                raise ValueError("mixup/cutmix pair samples within a batch: the per-process batch size must be even")
+            self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=cfg.label_smoothing,
+                               num_classes=info.num_classes)
+            self.criterion = SoftTargetCrossEntropy()
+        elif cfg.label_smoothing > 0:
+            self.criterion = LabelSmoothingCrossEntropy(cfg.label_smoothing)
+        else:
+            self.criterion = torch.nn.CrossEntropyLoss()
+
+        self.net = self.model
+        if ctx.distributed:
+            self.net = DistributedDataParallel(
+                self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+
+        # progress: epochs completed, optimizer steps taken, and the partial epoch's loss sums
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.loss_sum, self.loss_count, self.epoch_time = 0.0, 0, 0.0
+        self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] = {"acc1": -1.0, "epoch": 0}
+        _seed_all(cfg.seed + ctx.rank)  # per-process randomness (mixup, drop-path)
+        if resume_state is not None:
+            self._restore(resume_state)
+        self.logger = RunLogger(output, cfg.to_dict(), len(self.history), cfg.tensorboard, cfg.wandb_project) \
+            if self.main else None
+
+    def log(self, message: str) -> None:
+        if self.main:
+            tqdm.write(message)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _state(self) -> dict[str, Any]:
+        """The full training state; RNG states are gathered from every process."""
+        rng = [_rng_state()]
+        if self.ctx.distributed:
+            rng = [None] * self.ctx.world_size
+            dist.all_gather_object(rng, _rng_state())
+        return {
+            "kind": "last",
+            "config": self.cfg.to_dict(),
+            "model": self.model.state_dict(),
+            "ema": self.ema.module.state_dict() if self.ema else None,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": rng,
+            "world_size": self.ctx.world_size,
+            "progress": {
+                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "epoch_time": self.epoch_time,
+            },
+            "history": self.history,
+            "best": self.best,
+        }
+
+    def save_last(self) -> None:
+        state = self._state()  # every process takes part (RNG gather)
+        if self.main:
+            save_checkpoint(self.output / "last.safetensors", state)
+
+    def _save_best(self, metrics: dict[str, Any]) -> None:
+        save_checkpoint(self.output / "best.safetensors", {
+            "kind": "best", "config": self.cfg.to_dict(), "model": self.model.state_dict(),
+            "ema": self.ema.module.state_dict() if self.ema else None,
+            "progress": {"epoch": self.epoch, "global_step": self.global_step}, "metrics": metrics,
+        })
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        check_state_dict(self.model, state["model"], "the checkpoint")
+        self.model.load_state_dict(state["model"])
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise ValueError("the checkpoint has no EMA weights but the config enables EMA")
+            self.ema.module.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        progress = state["progress"]
+        self.epoch, self.step_in_epoch = progress["epoch"], progress["step_in_epoch"]
+        self.global_step = progress["global_step"]
+        self.loss_sum, self.loss_count = progress["loss_sum"], progress["loss_count"]
+        self.epoch_time = progress["epoch_time"]
+        self.history, self.best = state["history"], state["best"]
+        if self.step_in_epoch > self.steps_per_epoch:
+            raise ValueError(f"checkpoint is at step {self.step_in_epoch} of an epoch that has only "
+                             f"{self.steps_per_epoch} steps: the data or batch size changed")
+        if state["world_size"] == self.ctx.world_size:
+            _set_rng_state(state["rng"][self.ctx.rank])
+        else:
+            self.log(f"resuming on {self.ctx.world_size} processes from a run on {state['world_size']}: "
+                     "the random streams (mixup, drop-path) restart, so results will not match an "
+                     "uninterrupted run exactly")
+        self.log(f"resumed at epoch {self.epoch + 1}, step {self.global_step}")
+
+    # ------------------------------------------------------------------ loop
+    def _train_step(self, images: torch.Tensor, targets: torch.Tensor) -> float:
+        cfg = self.cfg
+        images = images.to(self.ctx.device, non_blocking=True)
+        targets = targets.to(self.ctx.device, non_blocking=True)
+        if self.mixup is not None:
+            images, targets = self.mixup(images, targets)
+        with autocast(self.ctx.device, cfg.amp):
+            loss = self.criterion(self.net(images), targets)
+        value = loss.item()
+        if not np.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {self.global_step + 1}: lower lr or set clip_grad")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if cfg.clip_grad:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.global_step += 1
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+        self.scheduler.step_update(num_updates=self.global_step)
+        return value
+
+    def _train_epoch(self) -> None:
+        loader, cfg = self.data.train_loader, self.cfg
+        local_batch = cfg.batch_size // self.ctx.world_size
+        loader.sampler.set_epoch(self.epoch, start=self.step_in_epoch * local_batch)
+        self.net.train()
+        bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+                   disable=not (self.main and cfg.progress), leave=False, dynamic_ncols=True)
+        start = time.perf_counter() - self.epoch_time
+        for images, targets in loader:
+            loss = self._train_step(images, targets)
+            self.loss_sum += loss * len(images)
+            self.loss_count += len(images)
+            self.step_in_epoch += 1
+            bar.update()
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
+            self.epoch_time = time.perf_counter() - start
+            if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
+                    and self.step_in_epoch < self.steps_per_epoch:
+                self.save_last()
+        bar.close()
+
+    def _end_epoch(self) -> dict[str, Any]:
+        cfg = self.cfg
+        loss_sum, loss_count = all_reduce_sum([self.loss_sum, self.loss_count], self.ctx)
+        val = evaluate(self.model, self.data.val_loader, self.ctx, cfg.amp)
+        record: dict[str, Any] = {
+            "epoch": self.epoch + 1, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"],
+            "train_loss": loss_sum / loss_count, "val_loss": val["loss"],
+            "acc1": val["acc1"], "acc3": val["acc3"], "acc5": val["acc5"],
+        }
+        if self.ema is not None:
+            ema = evaluate(self.ema.module, self.data.val_loader, self.ctx, cfg.amp)
+            record.update({f"ema_{k}": v for k, v in ema.items()})
+        record["epoch_time_s"] = self.epoch_time
+        self.epoch += 1
+        self.step_in_epoch, self.loss_sum, self.loss_count, self.epoch_time = 0, 0.0, 0, 0.0
+        return record
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.main:
+            self.log(f"training {cfg.model} ({self.params:,} parameters) on {cfg.dataset} "
+                     f"({len(self.data.train_loader.dataset)} train / {len(self.data.val_loader.dataset)} val, "
+                     f"{self.data.img_size}px) for {cfg.epochs} epochs, {self.steps_per_epoch} steps each, "
+                     f"on {self.ctx.world_size} x {self.ctx.device.type}; output {self.output}")
+        while self.epoch < cfg.epochs:
+            self._train_epoch()
+            record = self._end_epoch()
+            improved = record["acc1"] > self.best["acc1"]
+            if improved:
+                self.best = {"acc1": record["acc1"], "epoch": record["epoch"]}
+            self.history.append(record)
+            if self.main:
+                self.logger.log_epoch(self.history, final=self.epoch == cfg.epochs)
+                if improved:
+                    self._save_best(record)
+                self.log(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
+                         f"val loss {record['val_loss']:.4f}, Acc@1 {record['acc1']:.2f}, "
+                         f"Acc@5 {record['acc5']:.2f} ({record['epoch_time_s']:.1f}s)")
+            self.save_last()
+        summary = self._summary()
+        if self.main:
+            write_text_atomic(self.output / "summary.json", json.dumps(summary, indent=2) + "\n")
+            self.logger.close()
+            self.log(_format_summary(summary, self.output))
+        return summary
+
+    def _summary(self) -> dict[str, Any]:
+        final = self.history[-1]
+        times = [r["epoch_time_s"] for r in self.history]
+        summary = {
+            "acc1": final["acc1"], "acc3": final["acc3"], "acc5": final["acc5"], "loss": final["val_loss"],
+            "epochs": final["epoch"], "params": self.params,
+            "best_acc1": self.best["acc1"], "best_epoch": self.best["epoch"], "train_loss": final["train_loss"],
+            "model": self.cfg.model, "dataset": self.cfg.dataset, "img_size": self.data.img_size,
+            "steps": self.global_step, "world_size": self.ctx.world_size,
+            "train_time_s": sum(times), "time_per_epoch_s": sum(times) / len(times),
+        }
+        summary.update({k: v for k, v in final.items() if k.startswith("ema_")})
+        return summary
+
+
+def _format_summary(summary: dict[str, Any], output: Path) -> str:
+    lines = [
+        f"done: {summary['model']} on {summary['dataset']}, {summary['epochs']} epochs, "
+        f"{summary['params']:,} parameters, {summary['train_time_s']:.0f}s "
+        f"({summary['time_per_epoch_s']:.1f}s per epoch)",
+        f"  final  Acc@1 {summary['acc1']:.2f}  Acc@3 {summary['acc3']:.2f}  Acc@5 {summary['acc5']:.2f}  "
+        f"val loss {summary['loss']:.4f}",
+        f"  best   Acc@1 {summary['best_acc1']:.2f} (epoch {summary['best_epoch']})",
+    ]
+    if "ema_acc1" in summary:
+        lines.append(f"  EMA    Acc@1 {summary['ema_acc1']:.2f}  Acc@5 {summary['ema_acc5']:.2f}")
+    lines.append(f"  files  {output}/summary.json, log.jsonl, log.csv, curves.png, last/best.safetensors")
+    return "\n".join(lines)
+
+
+def _output_dir(cfg: TrainConfig, ctx: DistContext) -> Path:
+    """``cfg.output`` or ``runs/<timestamp>`` (chosen by rank 0 and shared)."""
+    name = [cfg.output or str(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))]
+    if ctx.distributed:
+        dist.broadcast_object_list(name, src=0)
+    return Path(name[0])
+
+
+def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> dict[str, Any]:
+    """Train and return the summary (also written to ``<output>/summary.json``).
+
+    ``resume``: a run folder (or a checkpoint file) to continue; the configuration then
+    comes from the checkpoint, and ``cfg`` must be None. Launch under ``torchrun`` for DDP.
+    """
+    if resume is not None and cfg is not None:
+        raise ValueError("--resume continues a run with its saved configuration: give no other config")
+    state = None
+    if resume is not None:
+        path = checkpoint_path(resume, "last")
+        state = load_checkpoint(path)
+        if state.get("kind") != "last":
+            raise ValueError(f"{path} is a {state.get('kind')!r} checkpoint; resume needs a run's last.safetensors")
+        cfg = TrainConfig.from_dict(state["config"])
+        cfg.output = str(path.parent)
+    cfg = cfg or TrainConfig()
+    ctx = init_distributed(cfg.device)
+    try:
+        output = _output_dir(cfg, ctx)
+        cfg.output = str(output)
+        if ctx.is_main:
+            if state is None and (output / "last.safetensors").exists():
+                raise ValueError(f"{output} already holds a run (last.safetensors): continue it with "
+                                 f"--resume {output} or choose another --output")
+            output.mkdir(parents=True, exist_ok=True)
+            for stale in output.glob(".*.tmp"):  # left by a process killed while saving
+                stale.unlink()
+            write_text_atomic(output / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        with torch_settings(cfg, ctx):
+            return Trainer(cfg, ctx, output, state).run()
+    finally:
+        if ctx.distributed and dist.is_initialized():
+            dist.destroy_process_group()

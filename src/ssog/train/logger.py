@@ -1,0 +1,107 @@
+"""Per-epoch run log: JSONL and CSV files, a PNG of the curves, optional TensorBoard / W&B."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunLogger", "plot_curves", "write_text_atomic"]
+
+PLOT_INTERVAL_S = 60.0
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
+    """Loss (train, val) and validation Acc@1/3/5 per epoch, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, [r["train_loss"] for r in history], label="train")
+    ax_loss.plot(epochs, [r["val_loss"] for r in history], label="val")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
+    for k in (1, 3, 5):
+        ax_acc.plot(epochs, [r[f"acc{k}"] for r in history], label=f"Acc@{k}")
+    if history and "ema_acc1" in history[0]:
+        ax_acc.plot(epochs, [r["ema_acc1"] for r in history], "--", label="EMA Acc@1")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Validation accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+class RunLogger:
+    """Writes ``log.jsonl``, ``log.csv`` and ``curves.png`` in ``output`` after every epoch.
+
+    The files are rewritten from the whole history each time, so after a resume they hold
+    exactly the epochs the checkpoint had completed, never duplicates.
+    """
+
+    def __init__(self, output: Path, config: dict[str, Any], epochs_done: int = 0,
+                 tensorboard: bool = False, wandb_project: str | None = None):
+        self.output = output
+        self.plotted = -float("inf")
+        self.tb = self.wandb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as error:
+                raise ValueError("tensorboard logging needs the tensorboard package: "
+                                 "pip install 'ssog[logging]'") from error
+            self.tb = SummaryWriter(str(output / "tensorboard"), purge_step=epochs_done + 1)
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as error:
+                raise ValueError("Weights & Biases logging needs the wandb package: "
+                                 "pip install 'ssog[logging]'") from error
+            self.wandb = wandb.init(project=wandb_project, config=config, dir=str(output),
+                                    name=output.name, id=output.name, resume="allow")
+
+    def log_epoch(self, history: list[dict[str, Any]], final: bool = False) -> None:
+        """Write the files for ``history`` (all epochs so far); send its last record to TB / W&B.
+
+        The PNG, which costs more than a small model's epoch, is redrawn at most once a minute
+        and after the ``final`` epoch.
+        """
+        record = history[-1]
+        write_text_atomic(self.output / "log.jsonl", "".join(json.dumps(r) + "\n" for r in history))
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(record))
+        writer.writeheader()
+        writer.writerows(history)
+        write_text_atomic(self.output / "log.csv", buffer.getvalue())
+        if final or time.monotonic() - self.plotted >= PLOT_INTERVAL_S:
+            plot_curves(history, self.output / "curves.png")
+            self.plotted = time.monotonic()
+        step = record["epoch"]
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "epoch"}
+        if self.tb is not None:
+            for key, value in scalars.items():
+                self.tb.add_scalar(key, value, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,0 +1,54 @@
+"""Validation metrics: cross-entropy loss and Acc@1/3/5 (in %), summed over processes."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from ssog.train.distributed import DistContext, all_reduce_sum
+
+__all__ = ["TOPK", "evaluate", "autocast"]
+
+TOPK = (1, 3, 5)
+
+
+def autocast(device: torch.device, amp: str):
+    """Mixed-precision context for ``amp`` in {none, bf16, fp16}."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: str = "none",
+             progress=None) -> dict[str, float]:
+    """``{"loss", "acc1", "acc3", "acc5"}`` of ``model`` on every sample of ``loader``.
+
+    Each process evaluates its shard; sums are reduced so every process returns the metrics
+    of the whole set. Top-k with k above the number of classes counts as top-C.
+    """
+    was_training = model.training
+    model.eval()
+    loss_sum, count = 0.0, 0
+    correct = [0] * len(TOPK)
+    for images, targets in (progress(loader) if progress else loader):
+        images = images.to(ctx.device, non_blocking=True)
+        targets = targets.to(ctx.device, non_blocking=True)
+        with autocast(ctx.device, amp):
+            logits = model(images)
+        logits = logits.float()
+        loss_sum += F.cross_entropy(logits, targets, reduction="sum").item()
+        ranked = logits.topk(min(max(TOPK), logits.shape[1]), dim=1).indices
+        hits = ranked == targets[:, None]
+        for i, k in enumerate(TOPK):
+            correct[i] += hits[:, :k].any(dim=1).sum().item()
+        count += targets.numel()
+    model.train(was_training)
+    loss_sum, count, *correct = all_reduce_sum([loss_sum, count, *correct], ctx)
+    if count == 0:
+        raise ValueError("the validation set is empty")
+    metrics = {"loss": loss_sum / count}
+    metrics.update({f"acc{k}": 100.0 * c / count for k, c in zip(TOPK, correct)})
+    return metrics

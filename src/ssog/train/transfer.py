@@ -1,0 +1,144 @@
+"""Moving weights between settings: warm starts, linear probes, other input and patch sizes."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from timm.layers import resample_abs_pos_embed, resample_patch_embed
+from timm.models import load_state_dict as timm_load_state_dict
+
+from ssog.train.checkpoint import FORMAT, check_state_dict, load_checkpoint
+
+__all__ = [
+    "load_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
+    "set_input_size", "ssog_mixers",
+]
+
+# Parameters a model may have that a checkpoint of the same architecture without them
+# lacks: steering projections and gates, added when a fixed-SSoG checkpoint warm-starts a
+# steered model (the paper's "warm" start, Table 8).
+STEERING_MARKERS = ("steer",)
+
+
+def _is_ssog_checkpoint(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return (handle.metadata() or {}).get("ssog_format") == FORMAT
+    except Exception:
+        return False
+
+
+def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """``(state_dict, training config or None)`` from an ssog checkpoint or a plain weight file.
+
+    Plain files (safetensors, or torch files holding a state dict) go through timm's loader.
+    ``ema=True`` takes an ssog checkpoint's EMA weights.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if _is_ssog_checkpoint(path):
+        state = load_checkpoint(path, only=("model", "ema", "config"))
+        if ema and state.get("ema") is None:
+            raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
+        return state["ema" if ema else "model"], state.get("config")
+    if ema:
+        raise ValueError(f"{path} is a plain weight file: it has no separate EMA weights")
+    try:
+        return timm_load_state_dict(str(path)), None
+    except Exception as error:
+        raise ValueError(f"cannot read weights from {path}: {error}") from error
+
+
+def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
+    """State-dict prefixes of the classification head (``("head.",)`` for timm's ViT)."""
+    head = model.get_classifier()
+    names = tuple(f"{name}." for name, module in model.named_modules() if module is head and name)
+    if not names:
+        raise ValueError(f"cannot locate the classifier of {type(model).__name__} for a new head")
+    return names
+
+
+def _adapt_embeddings(model: torch.nn.Module, state: dict[str, torch.Tensor], log: Callable[[str], None]) -> None:
+    """Resample a checkpoint's position embedding (bicubic) and patch embedding (PI-resize)
+    in place to the model's grid and patch size."""
+    target = model.state_dict()
+    pos = state.get("pos_embed")
+    if pos is not None and "pos_embed" in target and pos.shape != target["pos_embed"].shape:
+        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+        state["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
+                                                    num_prefix_tokens=prefix)
+        log(f"position embedding resampled {tuple(pos.shape)} -> {tuple(state['pos_embed'].shape)}")
+    key = "patch_embed.proj.weight"
+    weight = state.get(key)
+    if weight is not None and key in target and weight.shape[-2:] != target[key].shape[-2:]:
+        state[key] = resample_patch_embed(weight, list(target[key].shape[-2:]))
+        log(f"patch embedding resized {tuple(weight.shape[-2:])} -> {tuple(target[key].shape[-2:])}")
+
+
+def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bool = False,
+                         log: Callable[[str], None] = print) -> None:
+    """Load a checkpoint's backbone into ``model``, keeping ``model``'s freshly initialised head
+    (or, with ``keep_head``, loading the checkpoint's head too: same classes).
+
+    Position and patch embeddings are resampled when sizes differ. Steering parameters the
+    checkpoint lacks keep their initialisation (fixed SSoG -> steered warm start, with the
+    gates closed so the model starts as the fixed one). Any other difference is an error.
+    """
+    state, _ = load_weights(path)
+    heads = () if keep_head else classifier_prefixes(model)
+    state = {k: v for k, v in state.items() if not k.startswith(heads)}
+    _adapt_embeddings(model, state, log)
+    target = model.state_dict()
+    new = tuple(k for k in target if k not in state and any(m in k for m in STEERING_MARKERS))
+    check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new)
+    model.load_state_dict(state, strict=False)
+    kept = "head loaded" if keep_head else f"new head {', '.join(h.rstrip('.') for h in heads)}"
+    log(f"initialised from {path}: {kept}"
+        + (f"; {len(new)} steering tensors left at their initialisation" if new else ""))
+
+
+def freeze_backbone(model: torch.nn.Module) -> int:
+    """Freeze every parameter except the classifier's (linear probe); returns the trainable count."""
+    heads = classifier_prefixes(model)
+    trainable = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_(name.startswith(heads))
+        trainable += param.numel() if param.requires_grad else 0
+    return trainable
+
+
+def ssog_mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from ssog.layers import SSoGAttention
+
+    return [m for m in model.modules() if isinstance(m, SSoGAttention)]
+
+
+def set_input_size(model: torch.nn.Module, img_size: int | None = None, patch_size: int | None = None,
+                   rescale_kernels: bool = False) -> float:
+    """Evaluate ``model`` at another image and/or patch size (paper Table 13).
+
+    timm's ``set_input_size`` PI-resizes the patch embedding and resamples the position
+    embedding bicubically. With ``rescale_kernels`` every SSoG mixer's mu and sigma (token
+    units) are multiplied by the grid ratio new/old, so each Gaussian covers the same image
+    area. Returns that ratio.
+    """
+    if not hasattr(model, "set_input_size"):
+        raise ValueError(f"{type(model).__name__} has no set_input_size: cannot change its input size")
+    old_grid = tuple(model.patch_embed.grid_size)
+    model.set_input_size(img_size=None if img_size is None else (img_size, img_size),
+                         patch_size=None if patch_size is None else (patch_size, patch_size))
+    new_grid = tuple(model.patch_embed.grid_size)
+    ratios = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1])
+    if rescale_kernels:
+        if abs(ratios[0] - ratios[1]) > 1e-9:
+            raise ValueError(f"--rescale-kernels needs the same grid ratio on both axes, got {ratios}")
+        mixers = ssog_mixers(model)
+        if not mixers:
+            raise ValueError("--rescale-kernels applies to SSoG models; this model has no SSoG mixer")
+        for mixer in mixers:
+            mixer.rescale_kernels(ratios[0])
+    return ratios[0]

@@ -1,0 +1,209 @@
+"""Training engine, configs, transfer (init-from, linear probe), evaluation and the CLI."""
+import json
+
+import pytest
+import torch
+
+from ssog.cli import main
+from ssog.train import (
+    TrainConfig, evaluate_checkpoint, freeze_backbone, init_from_checkpoint, load_checkpoint,
+    load_recipe, parse_override, resolve_config, set_input_size, train,
+)
+from ssog.train.builders import build_model
+from ssog.train.transfer import ssog_mixers
+from training_helpers import TINY_KWARGS, TINY_MODEL, tiny_config
+
+
+# ---------------------------------------------------------------- configs and recipes
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_recipe_inheritance_variants_and_overrides(tmp_path):
+    _write(tmp_path / "base" / "a.yaml", "epochs: 5\nlr: 1e-3\nmodel_kwargs: {depth: 2, num_heads: 2}\n")
+    recipe = _write(tmp_path / "exp.yaml",
+                    "base: base/a.yaml\nepochs: 7\nmodel_kwargs: {depth: 3}\n"
+                    "variants:\n  wide: {model_kwargs: {embed_dim: 32}}\n  deep: {model_kwargs: {depth: 6}}\n")
+    assert load_recipe(recipe)["model_kwargs"] == {"depth": 3, "num_heads": 2}
+    cfg = resolve_config(recipe, "wide", [parse_override("model_kwargs.num_heads=4"), ("batch_size", 8)])
+    assert (cfg.epochs, cfg.lr, cfg.batch_size) == (7, 1e-3, 8)
+    assert cfg.model_kwargs == {"depth": 3, "num_heads": 4, "embed_dim": 32}
+    assert cfg.output == "runs/exp/wide"
+    assert resolve_config(recipe, "deep", [("output", "elsewhere")]).output == "elsewhere"
+    with pytest.raises(ValueError, match=r"defines variants \['wide', 'deep'\]: choose one with --variant"):
+        resolve_config(recipe)
+    with pytest.raises(ValueError, match="has no variant 'tall'"):
+        resolve_config(recipe, "tall")
+
+
+def test_recipe_errors(tmp_path):
+    loop = _write(tmp_path / "a.yaml", "base: b.yaml\n")
+    _write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ValueError, match="inheritance cycle"):
+        load_recipe(loop)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_recipe(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="must hold a mapping"):
+        load_recipe(_write(tmp_path / "list.yaml", "- 1\n- 2\n"))
+    with pytest.raises(ValueError, match="unknown training config keys \\['epoch'\\]"):
+        resolve_config(overrides=[("epoch", 3)])
+    with pytest.raises(ValueError, match="'batch_size' must be int, got 'big'"):
+        resolve_config(overrides=[parse_override("batch_size=big")])
+    with pytest.raises(ValueError, match="must look like key=value"):
+        parse_override("lr")
+    with pytest.raises(ValueError, match="amp must be none, bf16 or fp16"):
+        TrainConfig(amp="fp8")
+
+
+# ---------------------------------------------------------------- the engine
+def test_training_writes_summary_logs_and_checkpoints(tmp_path):
+    summary = train(tiny_config(tmp_path / "run", epochs=2, ema_decay=0.9, augment="strong"))
+    run = tmp_path / "run"
+    for name in ("config.yaml", "summary.json", "log.jsonl", "log.csv", "curves.png",
+                 "last.safetensors", "best.safetensors"):
+        assert (run / name).is_file(), name
+    assert json.loads((run / "summary.json").read_text()) == summary
+    assert {"acc1", "acc3", "acc5", "loss", "epochs", "params", "ema_acc1"} <= set(summary)
+    assert summary["epochs"] == 2 and summary["steps"] == 8
+    assert summary["params"] == sum(p.numel() for p in build_model(
+        tiny_config(tmp_path), 4, 3, 8).parameters())
+    assert 0 <= summary["acc1"] <= summary["acc3"] <= summary["acc5"] == 100.0  # 4 classes: top-5 is all
+    rows = (run / "log.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("epoch,step,lr,train_loss,val_loss,acc1,acc3,acc5")
+
+
+def test_tiny_model_learns_the_synthetic_classes(tmp_path):
+    summary = train(tiny_config(tmp_path, epochs=6, synthetic_size=128, lr=5e-3))
+    assert summary["acc1"] >= 90 and summary["train_loss"] < 1.0
+
+
+def test_bad_settings_fail_before_training(tmp_path):
+    with pytest.raises(ValueError, match="per-process batch size must be even"):
+        train(tiny_config(tmp_path / "a", batch_size=15, augment="strong"))
+    with pytest.raises(ValueError, match="smaller than one batch"):
+        train(tiny_config(tmp_path / "b", batch_size=128))
+    with pytest.raises(ValueError, match="model_kwargs may not set 'num_classes'"):
+        train(tiny_config(tmp_path / "c", model_kwargs={"num_classes": 3}))
+    with pytest.raises(ValueError, match="unknown model 'ssog_vit_huge'"):
+        train(tiny_config(tmp_path / "d", model="ssog_vit_huge"))
+
+
+def test_optional_loggers_explain_missing_packages(tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pip install 'ssog\\[logging\\]'"):
+            train(tiny_config(tmp_path, epochs=1, tensorboard=True))
+    else:
+        pytest.skip("tensorboard is installed")
+
+
+# ---------------------------------------------------------------- transfer
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory):
+    """A trained fixed-SSoG tiny model on 8x8 synthetic images with 4 classes."""
+    run = tmp_path_factory.mktemp("fixed") / "run"
+    train(tiny_config(run, epochs=1))
+    return run
+
+
+def test_init_from_loads_backbone_new_head_and_resamples_pos_embed(fixed_run):
+    source = load_checkpoint(fixed_run / "best.safetensors", only=("model",))["model"]
+    cfg = tiny_config(fixed_run, img_size=16)
+    model = build_model(cfg, num_classes=7, in_chans=3, img_size=16)
+    head_before = model.head.weight.clone()
+    init_from_checkpoint(model, fixed_run / "best.safetensors", log=lambda _: None)
+    state = model.state_dict()
+    assert state["pos_embed"].shape == (1, 1 + 8 * 8, 16) and source["pos_embed"].shape == (1, 1 + 4 * 4, 16)
+    assert torch.equal(state["pos_embed"][:, 0], source["pos_embed"][:, 0])  # class token's entry kept
+    assert torch.equal(model.head.weight, head_before)  # 7 classes: a fresh head
+    backbone = [k for k in source if not k.startswith(("head.", "pos_embed"))]
+    assert backbone and all(torch.equal(state[k], source[k]) for k in backbone)
+
+
+def test_fixed_checkpoint_warm_starts_a_steered_model(fixed_run):
+    cfg = tiny_config(fixed_run, model_kwargs={**TINY_KWARGS, "steer": ["mu", "sigma", "lambda"]})
+    model = build_model(cfg, num_classes=4, in_chans=3, img_size=8)
+    init_from_checkpoint(model, fixed_run / "best.safetensors", keep_head=True, log=lambda _: None)
+    fixed = build_model(tiny_config(fixed_run), num_classes=4, in_chans=3, img_size=8)
+    fixed.load_state_dict(load_checkpoint(fixed_run / "best.safetensors", only=("model",))["model"])
+    x = torch.randn(2, 3, 8, 8)
+    model.eval(), fixed.eval()
+    # cold gates (sigmoid(-8) ~ 3e-4): the warm-started steered model starts as the fixed one
+    torch.testing.assert_close(model(x), fixed(x), atol=2e-2, rtol=0)
+
+
+def test_init_from_a_different_architecture_is_an_error(fixed_run):
+    model = build_model(tiny_config(fixed_run, model_kwargs={**TINY_KWARGS, "embed_dim": 32}), 4, 3, 8)
+    with pytest.raises(ValueError, match="does not match the model.*shape mismatches"):
+        init_from_checkpoint(model, fixed_run / "best.safetensors", log=lambda _: None)
+    with pytest.raises(FileNotFoundError):
+        init_from_checkpoint(model, fixed_run / "none.safetensors")
+
+
+def test_linear_probe_trains_only_the_head(fixed_run, tmp_path):
+    summary = train(tiny_config(tmp_path / "probe", epochs=1, init_from=str(fixed_run / "best.safetensors"),
+                                linear_probe=True, synthetic_classes=3))
+    before = load_checkpoint(fixed_run / "best.safetensors", only=("model",))["model"]
+    after = load_checkpoint(tmp_path / "probe" / "last.safetensors", only=("model",))["model"]
+    assert all(torch.equal(before[k], after[k]) for k in after if not k.startswith("head."))
+    assert after["head.weight"].shape == (3, 16) and summary["epochs"] == 1
+    model = build_model(tiny_config(tmp_path), 4, 3, 8)
+    assert freeze_backbone(model) == 16 * 4 + 4
+
+
+# ---------------------------------------------------------------- evaluation
+def test_eval_reproduces_the_runs_validation_metrics(fixed_run):
+    record = json.loads((fixed_run / "log.jsonl").read_text().splitlines()[-1])
+    result = evaluate_checkpoint(fixed_run / "last.safetensors", progress=False, device="cpu")
+    assert result["acc1"] == record["acc1"] and result["loss"] == pytest.approx(record["val_loss"], rel=1e-6)
+    assert result["samples"] == 16 and result["grid"] == [4, 4]
+
+
+def test_eval_at_another_patch_size_rescales_kernels(fixed_run):
+    result = evaluate_checkpoint(fixed_run, patch_size=1, rescale_kernels=True, progress=False, device="cpu")
+    assert result["grid"] == [8, 8] and result["grid_ratio"] == 2.0 and result["rescaled_kernels"]
+    with pytest.raises(ValueError, match="needs --img-size or --patch-size"):
+        evaluate_checkpoint(fixed_run, rescale_kernels=True, progress=False)
+
+
+def test_set_input_size_scales_mu_and_sigma_by_the_grid_ratio():
+    model = build_model(tiny_config("unused"), 4, 3, 8)
+    mixer = ssog_mixers(model)[0]
+    with torch.no_grad():
+        mixer.mu.normal_()
+    before = {k: v.clone() for k, v in mixer.kernel_parameters().items()}
+    assert set_input_size(model, img_size=16, rescale_kernels=True) == 2.0
+    after = mixer.kernel_parameters()
+    torch.testing.assert_close(after["mu"], 2 * before["mu"])
+    torch.testing.assert_close(after["sigma"], 2 * before["sigma"])
+    assert tuple(model.patch_embed.grid_size) == (8, 8) and model(torch.randn(1, 3, 16, 16)).shape == (1, 4)
+
+
+# ---------------------------------------------------------------- command line
+def test_cli_train_then_eval(tmp_path, capsys):
+    args = ["train", "--model", TINY_MODEL, "--dataset", "synthetic", "--img-size", "8", "--epochs", "1",
+            "--batch-size", "16", "--augment", "none", "--no-progress", "--output", str(tmp_path / "run"),
+            "--set", "synthetic_size=32", "--set", "synthetic_classes=4"]
+    args += [a for k, v in TINY_KWARGS.items() for a in ("--set", f"model_kwargs.{k}={v}")]
+    assert main(args) == 0
+    assert "final  Acc@1" in capsys.readouterr().out
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["dataset"] == "synthetic" and result["samples"] == 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--dataset", "imagefolder", "--data-dir", "/nonexistent"], "data folder /nonexistent does not exist"),
+    (["train", "--resume", "/nonexistent"], "checkpoint /nonexistent does not exist"),
+    (["train", "--resume", "/tmp", "--epochs", "3"], "give no other settings"),
+    (["train", "--variant", "x"], "--variant needs --config"),
+    (["train", "--config", "/nonexistent.yaml"], "config file /nonexistent.yaml does not exist"),
+    (["eval", "--checkpoint", "/nonexistent"], "checkpoint /nonexistent does not exist"),
+])
+def test_cli_reports_bad_input_in_one_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"ssog {args[0]}: error:") and message in err[-1]
