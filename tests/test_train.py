@@ -1,5 +1,6 @@
 """Training engine, configs, transfer (init-from, linear probe), evaluation and the CLI."""
 import json
+import math
 
 import pytest
 import torch
@@ -77,6 +78,12 @@ def test_training_writes_summary_logs_and_checkpoints(tmp_path):
 def test_tiny_model_learns_the_synthetic_classes(tmp_path):
     summary = train(tiny_config(tmp_path, epochs=6, synthetic_size=128, lr=5e-3))
     assert summary["acc1"] >= 90 and summary["train_loss"] < 1.0
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_runs(amp, tmp_path):
+    summary = train(tiny_config(tmp_path, amp=amp, epochs=1, deterministic=False))
+    assert math.isfinite(summary["loss"]) and summary["steps"] == 4
 
 
 def test_bad_settings_fail_before_training(tmp_path):

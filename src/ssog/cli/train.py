@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", help="YAML recipe (see configs/)")
     parser.add_argument("--variant", help="variant of the recipe to run (e.g. one row of an ablation)")
     parser.add_argument("--list-variants", action="store_true", help="print the recipe's variants and exit")
-    parser.add_argument("--output", "-o", help="run folder (default: runs/<timestamp>)")
+    parser.add_argument("--output", "-o",
+                        help="run folder (default: runs/<recipe>/<variant> for a recipe, else runs/<timestamp>)")
     parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config field, e.g. --set model_kwargs.depth=6 (repeatable)")
