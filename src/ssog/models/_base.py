@@ -279,7 +279,11 @@ class ViTBase(nn.Module):
         names = {"pos_embed", "cls_token"}
         for prefix, module in self.named_modules():
             if isinstance(module, SSoGAttention):
-                names.update(f"{prefix}.{name}" for name in module.no_weight_decay())
+                linears = {name for name, m in module.named_modules() if isinstance(m, nn.Linear)}
+                names.update(
+                    f"{prefix}.{name}" for name, _ in module.named_parameters()
+                    if name.rpartition(".")[0] not in linears  # mu, rho, logits, steering gates
+                )
         return names
 
     @property

@@ -36,18 +36,21 @@ ADAPTIVE_SOLVERS: tuple[str, ...] = ("dopri5", "dopri8", "bosh3", "fehlberg2", "
 FIELD_NORMS: tuple[str, ...] = ("center", "layernorm")
 
 
-def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0, scale: float = 1000.0) -> Tensor:
-    """Sinusoidal embedding ``(dim,)`` of a scalar time ``t``, as DiT's.
+def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0, scale: float = 10.0) -> Tensor:
+    """Sinusoidal embedding ``(dim,)`` of a scalar time ``t``, laid out as DiT's.
 
-    ``t`` in ``[0, 1]`` is multiplied by ``scale`` first (DiT embeds 1000 diffusion steps),
-    so that the low frequencies (down to ``1/max_period``) also vary over the interval.
-    The first half is ``cos(scale t f)``, the second ``sin(scale t f)``; one zero pad when
-    ``dim`` is odd.
+    Frequencies are geometric from ``scale`` down to ``scale / max_period`` (radians per
+    unit time); the first half is ``cos(f t)``, the second ``sin(f t)`` (one zero pad when
+    ``dim`` is odd). DiT embeds integer steps 0..999; on ``t`` in ``[0, 1]`` we keep the
+    fastest component under two turns, so the field is smooth in ``t`` on the scale of a
+    12-step solver and adaptive solvers need not resolve fast oscillations. Computed in
+    float64 for a float64 ``t``, else float32.
     """
+    dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
     half = dim // 2
-    exponents = torch.arange(half, device=t.device, dtype=torch.float32) / half
-    freqs = torch.exp(-math.log(max_period) * exponents)
-    args = (t.float().reshape(()) * scale) * freqs
+    exponents = torch.arange(half, device=t.device, dtype=dtype) / half
+    freqs = scale * torch.exp(-math.log(max_period) * exponents)
+    args = t.to(dtype).reshape(()) * freqs
     emb = torch.cat([torch.cos(args), torch.sin(args)])
     if dim % 2:
         emb = torch.cat([emb, emb.new_zeros(1)])
@@ -163,8 +166,13 @@ class OdeViT(ViTBase):
         atol: float | None = None,
         adjoint: bool | None = None,
     ) -> None:
-        """Change how the flow is integrated (``None`` keeps the current setting; a new
-        fixed-step solver without ``nfe`` takes 12 evaluations). Weights are unaffected."""
+        """Change how the flow is integrated; weights are unaffected.
+
+        ``None`` keeps the current setting; a fixed-step solver given without ``nfe`` keeps
+        the current number of evaluations (12 when coming from an adaptive solver).
+        Raises ``ValueError`` for an unknown solver, an ``nfe`` that is not a multiple of
+        the solver's evaluations per step, or ``nfe`` with an adaptive solver.
+        """
         solver = self.solver if solver is None else solver
         if solver in FIXED_SOLVERS:
             if nfe is None:

@@ -1,0 +1,34 @@
+"""``ssog flops MODEL --img-size S``: forward GFLOPs of one image (Table 4's accounting)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..models._counting import model_flops
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "flops",
+        help="forward GFLOPs (total and attention) of a registered model",
+        description="Count forward FLOPs of one image with torch.utils.flop_counter on the meta device "
+        "(2 per multiply-add; matmuls, linears and convolutions). SSoG mixing is counted in its separable "
+        "form whatever the backend; attention includes the projections.",
+    )
+    parser.add_argument("model", help="registered model name, e.g. mha_vit_base_patch16_224")
+    parser.add_argument("--img-size", type=int, default=None, help="square input side in pixels (default: the preset's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = model_flops(args.model, img_size=args.img_size)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    size = result["img_size"]
+    print(
+        f"{result['model']} at {size}x{size} ({result['tokens']} tokens): "
+        f"{result['total_gflops']:.2f} GFLOPs total, {result['attention_gflops']:.2f} GFLOPs attention"
+    )
+    return 0

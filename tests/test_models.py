@@ -1,0 +1,380 @@
+"""Model families: counts (SPEC §2-§3), timm contract, ODE integration, bad input.
+
+Big models are only ever built on the meta device; everything that computes uses the
+CPU presets (``*_tiny_patch4_32``, ``*_micro_patch1_8``) at batch 2.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+
+import ssog  # noqa: F401  (registers the models)
+from ssog.cli import main
+from ssog.layers import MultiHeadAttention, SSoGAttention
+from ssog.models import (
+    FIXED_SOLVERS, LoopViT, OdeViT, ViT, count_flops, count_parameters, create_model, list_models,
+)
+from ssog.models._counting import model_flops, model_info
+
+FAMILIES = ("vit", "loopvit", "odevit")
+OPS = ("mha", "ssog")
+SIZES = {"small": (384, 6), "medium": (576, 9), "base": (768, 12)}
+
+
+def meta_model(name: str, **kwargs) -> torch.nn.Module:
+    with torch.device("meta"):
+        return timm.create_model(name, **kwargs)
+
+
+def params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def images(model: torch.nn.Module, batch: int = 2, size: int | None = None) -> torch.Tensor:
+    channels, height, width = model.pretrained_cfg["input_size"]
+    return torch.randn(batch, channels, size or height, size or width)
+
+
+# ----------------------------------------------------------------------------- registry
+def test_every_family_op_and_preset_is_registered():
+    names = set(list_models())
+    for family in FAMILIES:
+        for op in OPS:
+            for preset in ("small_patch16_224", "medium_patch16_224", "base_patch16_224",
+                           "tiny_patch4_32", "micro_patch1_8"):
+                assert f"{op}_{family}_{preset}" in names
+    assert set(timm.list_models("*_odevit_*")) >= {n for n in names if "_odevit_" in n}
+    assert len(names) == 30
+
+
+def test_registered_models_are_the_family_classes():
+    assert isinstance(meta_model("ssog_vit_base_patch16_224"), ViT)
+    assert isinstance(meta_model("ssog_loopvit_base_patch16_224"), LoopViT)
+    assert isinstance(meta_model("ssog_odevit_base_patch16_224", num_classes=100), OdeViT)
+
+
+# ----------------------------------------------------------------------------- parameter counts
+@pytest.mark.parametrize("size", SIZES)
+def test_mha_discrete_params_equal_timm_vit(size):
+    dim, heads = SIZES[size]
+    ours = meta_model(f"mha_vit_{size}_patch16_224", num_classes=100)
+    theirs = meta_model("vit_base_patch16_224", embed_dim=dim, num_heads=heads, num_classes=100)
+    assert params(ours) == params(theirs)
+
+
+@pytest.mark.parametrize("size,expected", [("small", 3_070_564), ("medium", 6_596_452), ("base", 11_449_444)])
+def test_mha_continuous_params_exact(size, expected):
+    assert params(meta_model(f"mha_odevit_{size}_patch16_224", num_classes=100)) == expected
+
+
+# Table 10, SSoG columns (millions); SPEC §2 allows 2.5%.
+PAPER_SSOG = {
+    ("vit", "small"): 18.5, ("vit", "medium"): 41.0, ("vit", "base"): 71.6,
+    ("odevit", "small"): 2.8, ("odevit", "medium"): 5.9, ("odevit", "base"): 10.3,
+}
+
+
+@pytest.mark.parametrize("family,size", PAPER_SSOG)
+def test_ssog_params_within_paper(family, size):
+    count = params(meta_model(f"ssog_{family}_{size}_patch16_224", num_classes=100)) / 1e6
+    assert abs(count - PAPER_SSOG[family, size]) / PAPER_SSOG[family, size] < 0.025
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_looped_params_are_one_block(op):
+    looped = meta_model(f"{op}_loopvit_base_patch16_224", num_classes=100)
+    one_block = meta_model(f"{op}_vit_base_patch16_224", num_classes=100, depth=1)
+    assert params(looped) == params(one_block)
+
+
+def test_parameter_breakdown_adds_up_and_names_parts():
+    model = meta_model("ssog_odevit_base_patch16_224", num_classes=100)
+    parts = count_parameters(model)
+    assert parts["total"] == params(model) == sum(v for k, v in parts.items() if k != "total")
+    dim = 768
+    assert parts["other"] == 0
+    assert parts["modulation"] == dim * 6 * dim + 6 * dim
+    assert parts["head"] == dim * 100 + 100
+    assert parts["pos_cls"] == 197 * dim + dim
+    assert parts["patch_embed"] == 3 * 16 * 16 * dim + dim
+    assert parts["norms"] == 2 * dim  # final LayerNorm; the field's CenterNorm has none
+    assert parts["mixer"] == 2 * (dim * dim + dim) + 12 * 4 * 5  # v, proj, 5 per atom
+
+
+# ----------------------------------------------------------------------------- FLOPs (Table 4)
+SPEC_FLOPS = {  # (res) -> (MHA whole, SSoG whole, MHA attention, SSoG attention), GFLOPs
+    224: (35.1, 28.4, 12.6, 6.0),
+    384: (111.0, 84.3, 44.9, 18.4),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("res", SPEC_FLOPS)
+def test_flops_match_table4(family, res):
+    mha_total, ssog_total, mha_attn, ssog_attn = SPEC_FLOPS[res]
+    for op, total, attn in (("mha", mha_total, mha_attn), ("ssog", ssog_total, ssog_attn)):
+        counted = model_flops(f"{op}_{family}_base_patch16_224", img_size=res)
+        assert counted["tokens"] == (res // 16) ** 2 + 1
+        assert counted["total_gflops"] == pytest.approx(total, abs=0.3), (op, "total")
+        assert counted["attention_gflops"] == pytest.approx(attn, abs=0.3), (op, "attention")
+
+
+def test_flops_do_not_depend_on_the_backend():
+    counts = {b: model_flops("ssog_vit_base_patch16_224", img_size=384, backend=b) for b in ("dense", "local")}
+    assert counts["dense"] == counts["local"]
+
+
+@pytest.mark.parametrize("name,solver,nfe", [
+    ("mha_odevit_tiny_patch4_32", "euler", 6), ("ssog_odevit_tiny_patch4_32", "rk4", 8),
+    ("mha_vit_tiny_patch4_32", None, None),
+])
+def test_meta_count_equals_real_count(name, solver, nfe):
+    """The meta device (no values, no torchdiffeq) counts what a real forward computes."""
+    kwargs = {} if solver is None else dict(solver=solver, nfe=nfe)
+    real = timm.create_model(name, **kwargs).eval()
+    assert count_flops(real, 48) == count_flops(meta_model(name, **kwargs).eval(), 48)
+
+
+# ----------------------------------------------------------------------------- forward / backward
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("preset", ["tiny_patch4_32", "micro_patch1_8"])
+def test_forward_backward(family, op, preset):
+    torch.manual_seed(0)
+    model = timm.create_model(f"{op}_{family}_{preset}", drop_path_rate=0.1)
+    x = images(model)
+    logits = model(x)
+    assert logits.shape == (2, model.num_classes)
+    logits.logsumexp(-1).mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mixer_hook_fires_once_per_application(family):
+    model = timm.create_model(f"ssog_{family}_tiny_patch4_32").eval()
+    calls = []
+    for module in model.modules():
+        if isinstance(module, (SSoGAttention, MultiHeadAttention)):
+            module.register_forward_hook(lambda mod, args, out: calls.append(args[1]))
+    with torch.no_grad():
+        model(images(model))
+    assert len(calls) == 6 and set(calls) == {(8, 8)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_any_size_divisible_by_the_patch(family):
+    model = timm.create_model(f"ssog_{family}_tiny_patch4_32").eval()
+    with torch.no_grad():
+        assert model(images(model, size=48)).shape == (2, 10)
+        assert model(torch.randn(1, 3, 32, 48)).shape == (1, 10)
+        assert model.forward_features(torch.randn(1, 3, 48, 64)).shape == (1, 1 + 12 * 16, 128)
+
+
+def test_native_size_uses_the_position_embedding_unchanged():
+    model = timm.create_model("mha_vit_micro_patch1_8").eval()
+    tokens, grid = model.embed(torch.zeros(1, 1, 8, 8))
+    expected = model.patch_embed.proj.bias + model.pos_embed[0, 1:]
+    assert grid == (8, 8)
+    torch.testing.assert_close(tokens[0, 1:], expected)
+
+
+def test_set_input_size_resizes_patch_and_position_embedding():
+    model = timm.create_model("ssog_vit_tiny_patch4_32").eval()
+    mu, sigma = model.blocks[0].attn.mu.clone(), model.blocks[0].attn.sigma().clone()
+    model.set_input_size(patch_size=2, rescale_kernels=True)
+    assert model.patch_embed.proj.weight.shape[-2:] == (2, 2)
+    assert model.pos_embed.shape == (1, 1 + 16 * 16, 128)
+    torch.testing.assert_close(model.blocks[0].attn.mu, mu * 2)
+    torch.testing.assert_close(model.blocks[0].attn.sigma(), sigma * 2)
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    model.set_input_size(img_size=64)
+    assert model.pos_embed.shape == (1, 1 + 32 * 32, 128)
+
+
+# ----------------------------------------------------------------------------- timm contract
+@pytest.mark.parametrize("family", FAMILIES)
+def test_timm_contract(family):
+    model = timm.create_model(f"ssog_{family}_micro_patch1_8", num_classes=0).eval()
+    cfg = model.default_cfg
+    assert cfg["input_size"] == (1, 8, 8) and cfg["first_conv"] == "patch_embed.proj"
+    assert cfg["classifier"] == "head"
+    x = images(model)
+    with torch.no_grad():
+        assert model(x).shape == (2, model.num_features)
+        model.reset_classifier(7, global_pool="avg")
+        assert model.get_classifier().out_features == 7 and model(x).shape == (2, 7)
+        features = model.forward_features(x)
+        assert model.forward_head(features, pre_logits=True).shape == (2, model.head_hidden_size)
+    names = dict(model.named_parameters())
+    decay_free = model.no_weight_decay()
+    assert {"pos_embed", "cls_token"} <= decay_free
+    assert any(n.endswith(".mu") for n in decay_free)
+    assert all(n in names for n in decay_free)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_features_only_and_intermediates(family):
+    torch.manual_seed(0)
+    model = timm.create_model(f"mha_{family}_micro_patch1_8").eval()
+    x = images(model)
+    with torch.no_grad():
+        final, states = model.forward_intermediates(x, output_fmt="NLC")
+        torch.testing.assert_close(final, model.forward_features(x))
+        torch.testing.assert_close(model.norm(torch.cat([final[:, :1] * 0, states[-1]], 1))[:, 1:],
+                                   final[:, 1:], rtol=1e-4, atol=1e-4)
+        assert len(states) == 4 and states[0].shape == (2, 64, 64)
+        feats = timm.create_model(f"mha_{family}_micro_patch1_8", features_only=True, out_indices=(1, 3)).eval()
+        maps = feats(x)
+    assert [m.shape for m in maps] == [(2, 64, 8, 8)] * 2
+
+
+# ----------------------------------------------------------------------------- ODE integration
+@pytest.mark.parametrize("solver,nfe,steps", [("euler", 5, 5), ("midpoint", 6, 3), ("heun3", 6, 2), ("rk4", 12, 3)])
+def test_nfe_is_what_the_solver_implies(solver, nfe, steps):
+    model = timm.create_model("ssog_odevit_micro_patch1_8", solver=solver, nfe=nfe).eval()
+    assert model.steps == steps and model.config()["nfe"] == nfe
+    with torch.no_grad():
+        model(images(model))
+    assert model.nfe == nfe == steps * FIXED_SOLVERS[solver]
+    assert model.field.nfe == nfe
+
+
+def _random_field(model: OdeViT, scale: float = 0.2) -> OdeViT:
+    """Give the adaLN-Zero modulation non-zero weights so the flow is not the identity."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.field.adaLN_modulation.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale)
+    return model
+
+
+def test_dopri5_matches_a_fine_fixed_step_solution():
+    """dopri5 at rtol=1e-7, atol=1e-9 lands within 1e-5 of 64 RK4 steps (float64; 64 and
+    256 RK4 steps agree to ~1e-8, so the reference is far more accurate than that)."""
+    torch.manual_seed(0)
+    model = _random_field(timm.create_model("ssog_odevit_micro_patch1_8").double().eval())
+    x = images(model).double()
+    with torch.no_grad():
+        model.configure_solver("rk4", nfe=4 * 64)
+        fine = model.forward_features(x)
+        model.configure_solver("dopri5", rtol=1e-7, atol=1e-9)
+        adaptive = model.forward_features(x)
+        start = model.norm(model.embed(x)[0])
+    assert model.config()["nfe"] is None and 6 < model.nfe < 4 * 64
+    assert (fine - start).abs().max() > 0.1  # the flow is far from the identity
+    torch.testing.assert_close(adaptive, fine, rtol=0, atol=1e-5)
+
+
+def test_adjoint_gradients_agree_with_direct_backprop():
+    """8 RK4 steps (float64): the adjoint's gradients (from a backward RK4 solve) match
+    back-propagation through the solver to 1e-4 of each gradient's largest entry."""
+    torch.manual_seed(0)
+    model = timm.create_model("ssog_odevit_micro_patch1_8", embed_dim=32, num_heads=2)
+    model = _random_field(model.double())
+    x = images(model, batch=1).double()
+
+    def gradients(adjoint: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        model.configure_solver("rk4", nfe=32, adjoint=adjoint)
+        model(x).square().sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    direct, adjoint = gradients(False), gradients(True)
+    for name, grad in direct.items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(adjoint[name], grad, rtol=0, atol=1e-4 * scale, msg=name)
+    assert direct["field.mlp.fc1.weight"].abs().max() > 1e-2  # the comparison is not vacuous
+
+
+def test_adjoint_with_fixed_steps_runs_and_counts_forward_evaluations():
+    model = timm.create_model("mha_odevit_micro_patch1_8", solver="rk4", nfe=8, adjoint=True)
+    model(images(model)).sum().backward()
+    assert model.nfe == 8 and model.field.nfe > 8  # the backward solve evaluates the field too
+
+
+def test_vector_field_is_callable_on_its_own():
+    model = _random_field(timm.create_model("ssog_odevit_micro_patch1_8").eval())
+    x, grid = model.embed(images(model))
+    model.field.grid_size = grid
+    with torch.no_grad():
+        out = model.field(torch.tensor(0.5), x)
+    assert out.shape == x.shape and out.abs().max() > 0
+
+
+def test_layernorm_field_option():
+    model = timm.create_model("mha_odevit_micro_patch1_8", field_norm="layernorm")
+    assert isinstance(model.field.norm, torch.nn.LayerNorm) and model.field.norm.weight is None
+    assert model(images(model)).shape == (2, 10)
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_images_raise_clear_errors():
+    model = timm.create_model("mha_vit_tiny_patch4_32")
+    with pytest.raises(ValueError, match="not divisible by the patch size 4x4"):
+        model(torch.randn(1, 3, 30, 32))
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, H, W\)"):
+        model(torch.randn(1, 1, 32, 32))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(op="linear"), "unknown op 'linear'"),
+    (dict(num_atoms=2), "only apply to op='ssog'"),
+    (dict(global_pool="token", class_token=False), "needs class_token=True"),
+    (dict(global_pool="max"), "unknown global_pool"),
+])
+def test_bad_architecture_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        timm.create_model("mha_vit_micro_patch1_8", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(solver="rk45"), "unknown solver 'rk45'.*euler.*dopri5"),
+    (dict(solver="rk4", nfe=10), "nfe=10 is not a positive multiple of the 4"),
+    (dict(solver="dopri5", nfe=12), "adaptive"),
+    (dict(field_norm="rms"), "unknown field norm"),
+])
+def test_bad_solver_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        timm.create_model("ssog_odevit_micro_patch1_8", **kwargs)
+
+
+def test_unknown_model_names_close_matches():
+    with pytest.raises(ValueError, match="did you mean ssog_odevit_base_patch16_224"):
+        create_model("ssog_odvit_base_patch16_224")
+
+
+def test_no_pretrained_weights():
+    with pytest.raises(ValueError, match="no pretrained weights"):
+        timm.create_model("ssog_vit_micro_patch1_8", pretrained=True)
+
+
+# ----------------------------------------------------------------------------- command line
+def test_cli_info_json(capsys):
+    assert main(["info", "mha_odevit_small_patch16_224", "--num-classes", "100", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["params"]["total"] == 3_070_564
+    assert info["config"]["family"] == "odevit" and info["config"]["nfe"] == 12
+    assert info == json.loads(json.dumps(model_info("mha_odevit_small_patch16_224", num_classes=100)))
+
+
+def test_cli_flops(capsys):
+    assert main(["flops", "ssog_loopvit_base_patch16_224", "--img-size", "384", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens"] == 577 and result["attention_gflops"] == pytest.approx(18.4, abs=0.3)
+    assert main(["flops", "ssog_loopvit_base_patch16_224"]) == 0
+    assert "224x224 (197 tokens)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["info", "vit_base"], "unknown model 'vit_base'"),
+    (["flops", "mha_vit_base_patch16_224", "--img-size", "100"], "not divisible by the patch size"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1
