@@ -12,10 +12,13 @@ import sys
 from typing import Sequence
 
 COMMANDS: tuple[str, ...] = (
+    "info",
+    "flops",
     "bench",
     "bench-op",
     "train",
     "eval",
+    "analyze",
 )
 
 
