@@ -18,7 +18,6 @@ COMMANDS: tuple[str, ...] = (
     "bench-op",
     "train",
     "eval",
-    "analyze",
 )
 
 
