@@ -151,34 +151,28 @@ def test_local_backend_error_is_bounded_by_its_tolerance():
 
 
 # ---------------------------------------------------------------------------- gradients
+def assert_gradients_match_dense_path(params, v, grid, backend):
+    inputs = (v, *params)
+    for t in inputs:
+        t.requires_grad_()
+    probe = values(*v.shape, seed=9)
+    (ssog_matrix(*params, grid) @ v).mul(probe).sum().backward()
+    expected = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    mix(*inputs, grid, backend).mul(probe).sum().backward()
+    for got, want in zip((t.grad for t in inputs), expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", FIXED_BACKENDS)
 def test_fixed_gradients_match_dense_path(backend):
-    grid = (4, 5)
-    mu, sigma, weight = (t.requires_grad_() for t in fixed_params(2, 3))
-    v = values(2, 2, 20, 3).requires_grad_()
-    probe = values(2, 2, 20, 3, seed=9)
-    (ssog_matrix(mu, sigma, weight, grid) @ v).mul(probe).sum().backward()
-    expected = [t.grad.clone() for t in (v, mu, sigma, weight)]
-    for t in (v, mu, sigma, weight):
-        t.grad = None
-    mix(v, mu, sigma, weight, grid, backend).mul(probe).sum().backward()
-    for got, want in zip((v.grad, mu.grad, sigma.grad, weight.grad), expected):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert_gradients_match_dense_path(fixed_params(2, 3), values(2, 2, 20, 3), (4, 5), backend)
 
 
 @pytest.mark.parametrize("backend", STEERED_BACKENDS)
 def test_steered_gradients_match_dense_path(backend):
-    grid = (3, 4)
-    mu, sigma, weight = (t.requires_grad_() for t in steered_params(2, 2, 12, 2))
-    v = values(2, 2, 12, 3).requires_grad_()
-    probe = values(2, 2, 12, 3, seed=9)
-    (ssog_matrix(mu, sigma, weight, grid) @ v).mul(probe).sum().backward()
-    expected = [t.grad.clone() for t in (v, mu, sigma, weight)]
-    for t in (v, mu, sigma, weight):
-        t.grad = None
-    mix(v, mu, sigma, weight, grid, backend).mul(probe).sum().backward()
-    for got, want in zip((v.grad, mu.grad, sigma.grad, weight.grad), expected):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert_gradients_match_dense_path(steered_params(2, 2, 12, 2), values(2, 2, 12, 3), (3, 4), backend)
 
 
 @pytest.mark.parametrize("backend", FIXED_BACKENDS)
