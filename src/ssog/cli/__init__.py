@@ -18,6 +18,7 @@ COMMANDS: tuple[str, ...] = (
     "bench-op",
     "train",
     "eval",
+    "analyze",
 )
 
 

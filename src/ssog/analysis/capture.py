@@ -1,0 +1,66 @@
+"""Forward hooks that see every token-mixer application and the final norm's input.
+
+The models always call their mixers positionally as ``attn(x, grid_size)``, once per block,
+loop iteration or vector-field evaluation, so a forward hook on each
+:class:`~ssog.layers.SSoGAttention` / :class:`~ssog.layers.MultiHeadAttention` module sees
+every application in execution order, whatever the family.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from torch import Tensor, nn
+
+from ..layers import MultiHeadAttention, SSoGAttention
+
+MIXER_TYPES: tuple[type[nn.Module], ...] = (SSoGAttention, MultiHeadAttention)
+
+#: ``callback(module_name, module, x, grid_size)`` with the mixer's input ``x (B, T, D)``.
+MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int]], None]
+
+
+def mixer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every token mixer of ``model`` (shared ones listed once)."""
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, MIXER_TYPES)]
+
+
+@contextmanager
+def on_mixer_calls(model: nn.Module, callback: MixerCallback) -> Iterator[None]:
+    """Call ``callback`` after every mixer application of ``model`` inside the block."""
+    mixers = mixer_modules(model)
+    if not mixers:
+        raise ValueError(
+            f"{type(model).__name__} has no SSoGAttention or MultiHeadAttention token mixer to analyse"
+        )
+
+    def make_hook(name: str):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            if len(args) != 2:
+                raise ValueError(
+                    f"mixer {name} was called with {len(args)} positional arguments; the analysis "
+                    "hooks need attn(x, grid_size)"
+                )
+            callback(name, module, args[0], tuple(args[1]))
+
+        return hook
+
+    handles = [module.register_forward_hook(make_hook(name)) for name, module in mixers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def on_final_norm_input(model: nn.Module, callback: Callable[[Tensor], None]) -> Iterator[None]:
+    """Call ``callback(x)`` with the input ``(B, P + N, D)`` of the model's final ``norm``."""
+    norm = getattr(model, "norm", None)
+    if not isinstance(norm, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no final `norm` module whose input could be read")
+    handle = norm.register_forward_pre_hook(lambda module, args: callback(args[0]))
+    try:
+        yield
+    finally:
+        handle.remove()

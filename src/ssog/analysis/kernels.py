@@ -1,0 +1,81 @@
+"""The learned Gaussian mixtures of SSoG mixers: statistics and kernel maps.
+
+Statistics follow the paper: the smallest learned width (Table 6, "learned sigma min"),
+the mean distance of the atom centres from the query ``|mu|`` (Table 9), and the mixture
+weights. A steered mixer's statistics are those of its fixed (unsteered) part, plus the
+open fraction ``sigmoid(alpha)`` of each steering gate.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..layers import SSoGAttention
+from ..ops import fixed_axis_kernels
+
+
+def ssog_modules(model: nn.Module) -> list[tuple[str, SSoGAttention]]:
+    """``(name, module)`` of every SSoG mixer (a shared one, looped or ODE, listed once)."""
+    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, SSoGAttention)]
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no SSoGAttention mixer: learned kernels are an SSoG property")
+    return modules
+
+
+@torch.no_grad()
+def mixer_kernel_statistics(mixer: SSoGAttention) -> dict[str, Any]:
+    """Mixture of one SSoG mixer: parameters per head and their summary statistics.
+
+    ``mu``, ``sigma``: ``[H][R][2]`` (y, x) in tokens; ``weight``: ``[H][R]``;
+    ``min_sigma``: smallest width over heads, atoms and axes; ``mean_abs_mu``: mean over
+    heads and atoms of ``||mu||_2``; ``steer_gates``: ``{component: [H]}``.
+    """
+    params = {k: v.detach().double().cpu() for k, v in mixer.kernel_parameters().items()}
+    mu, sigma, weight = params["mu"], params["sigma"], params["weight"]
+    return {
+        "num_heads": mixer.num_heads,
+        "num_atoms": mixer.num_atoms,
+        "sigma_floor": mixer.sigma_min,
+        "min_sigma": float(sigma.min()),
+        "mean_abs_mu": float(mu.norm(dim=-1).mean()),
+        "max_abs_mu": float(mu.norm(dim=-1).max()),
+        "max_weight": float(weight.max()),
+        "mu": mu.tolist(),
+        "sigma": sigma.tolist(),
+        "weight": weight.tolist(),
+        "steer": list(mixer.steer),
+        "steer_gates": {name: torch.sigmoid(gate.detach()).tolist() for name, gate in mixer.steer_gate.items()},
+    }
+
+
+def kernel_statistics(model: nn.Module) -> dict[str, Any]:
+    """Per-mixer :func:`mixer_kernel_statistics` and the model-wide ``min_sigma``,
+    ``mean_abs_mu`` (over all atoms of all mixers) and ``max_weight``."""
+    mixers = [{"module": name, **mixer_kernel_statistics(m)} for name, m in ssog_modules(model)]
+    atoms = sum(m["num_heads"] * m["num_atoms"] for m in mixers)
+    return {
+        "min_sigma": min(m["min_sigma"] for m in mixers),
+        "mean_abs_mu": sum(m["mean_abs_mu"] * m["num_heads"] * m["num_atoms"] for m in mixers) / atoms,
+        "max_weight": max(m["max_weight"] for m in mixers),
+        "mixers": mixers,
+    }
+
+
+@torch.no_grad()
+def kernel_maps(mixer: SSoGAttention, grid_size: tuple[int, int], query: tuple[int, int] | None = None) -> Tensor:
+    """Each head's mixing weights from one query to every patch: ``(H, Hg, Wg)``.
+
+    The row of ``A_h`` of ``query`` (default: the grid centre), built separably from the
+    1-D kernels (border renormalisation included). Each map sums to 1.
+    """
+    rows, cols = grid_size
+    qy, qx = (rows // 2, cols // 2) if query is None else query
+    if not (0 <= qy < rows and 0 <= qx < cols):
+        raise ValueError(f"query {query} is outside the {rows}x{cols} grid")
+    params = mixer.kernel_parameters()
+    mu, sigma, weight = (params[k].detach().double() for k in ("mu", "sigma", "weight"))
+    ky = fixed_axis_kernels(mu[..., 0], sigma[..., 0], rows)[:, :, qy]  # (H, R, Hg)
+    kx = fixed_axis_kernels(mu[..., 1], sigma[..., 1], cols)[:, :, qx]  # (H, R, Wg)
+    return torch.einsum("hr,hry,hrx->hyx", weight, ky, kx)

@@ -1,0 +1,188 @@
+"""Models and images to analyse: a training checkpoint or a randomly initialised model.
+
+Checkpoints are read with the training package's loader (:func:`ssog.train.load_weights`);
+images come from the data package (the checkpoint's own validation split by default), or
+are standard-normal noise shaped for the model (``data="noise"``), which needs no data set.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+NOISE = "noise"
+
+
+@dataclass
+class AnalysisModel:
+    """A model in eval mode and where it came from.
+
+    ``source`` is the checkpoint path or ``"random init (seed S)"``; ``config`` is the
+    checkpoint's training config (``None`` for a random model).
+    """
+
+    model: nn.Module
+    name: str
+    source: str
+    config: dict[str, Any] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-value identity of the model for reports."""
+        model = self.model
+        ssog = getattr(model, "ssog_args", None) or {}
+        return {
+            "model": self.name,
+            "source": self.source,
+            "family": getattr(model, "family", None),
+            "op": getattr(model, "op", None),
+            "steer": list(ssog.get("steer", ())),
+        }
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:i"``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; expected auto, cpu or cuda[:i]") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but CUDA is not available")
+    return resolved
+
+
+def load_model(
+    model: str | None = None,
+    checkpoint: str | Path | None = None,
+    *,
+    ema: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> AnalysisModel:
+    """The model to analyse, in eval mode on ``device``.
+
+    Exactly one of ``model`` (a registered name, randomly initialised with ``seed``) and
+    ``checkpoint`` (a checkpoint written by ``ssog train``, or its run folder: the ``best``
+    checkpoint) must be given. ``ema`` takes the checkpoint's EMA weights.
+    """
+    from ..models import create_model
+
+    if (model is None) == (checkpoint is None):
+        raise ValueError("give exactly one of a model name (random init) or a checkpoint")
+    device = resolve_device(device) if isinstance(device, str) else device
+    if model is not None:
+        if ema:
+            raise ValueError("ema applies to checkpoints; a random model has no EMA weights")
+        torch.manual_seed(seed)
+        net = create_model(model)
+        return AnalysisModel(net.eval().to(device), model, f"random init (seed {seed})")
+
+    from ..train import check_state_dict, checkpoint_path, load_weights
+
+    path = checkpoint_path(checkpoint, "best")
+    weights, config = load_weights(path, ema=ema)
+    if config is None:
+        raise ValueError(f"{path} holds weights only; ssog analyze needs a checkpoint written by ssog train")
+    name = config["model"]
+    head = weights.get("head.weight")
+    patch = weights.get("patch_embed.proj.weight")
+    if patch is None:
+        raise ValueError(f"checkpoint {path} has no patch_embed.proj.weight: not an ssog ViT")
+    net = create_model(
+        name, num_classes=0 if head is None else head.shape[0], in_chans=patch.shape[1],
+        img_size=config.get("img_size") or _trained_img_size(weights, path), **config.get("model_kwargs", {}),
+    )
+    check_state_dict(net, weights, f"checkpoint {path}")
+    net.load_state_dict(weights)
+    return AnalysisModel(net.eval().to(device), name, str(path), config)
+
+
+def _trained_img_size(weights: dict[str, Tensor], path: Path) -> int:
+    """Image side the checkpoint was trained at, read off its position embedding (square grid)."""
+    patch = weights["patch_embed.proj.weight"].shape[-1]
+    tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise ValueError(f"checkpoint {path}: {tokens} position embeddings do not form a square grid")
+    return side * patch
+
+
+def iter_models(
+    models: Sequence[str] = (),
+    checkpoints: Sequence[str | Path] = (),
+    *,
+    ema: bool = False,
+    seed: int = 0,
+    device: str = "auto",
+) -> Iterator[AnalysisModel]:
+    """Load the checkpoints, then the random models, one at a time (:func:`load_model`)."""
+    if not models and not checkpoints:
+        raise ValueError("nothing to analyse: give at least one checkpoint or model name")
+    if ema and models:
+        raise ValueError("ema applies to checkpoints; random models have no EMA weights")
+    for checkpoint in checkpoints:
+        yield load_model(checkpoint=checkpoint, ema=ema, seed=seed, device=device)
+    for name in models:
+        yield load_model(name, seed=seed, device=device)
+
+
+def data_name(loaded: AnalysisModel, data: str | None = None) -> str:
+    """The data source used for ``data``: itself, else the checkpoint's data set, else noise."""
+    return data or (loaded.config or {}).get("dataset") or NOISE
+
+
+def image_batches(
+    loaded: AnalysisModel,
+    data: str | None = None,
+    *,
+    data_dir: str | None = None,
+    num_images: int = 512,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> Iterator[Tensor]:
+    """Batches ``(B, C, H, W)`` of the first ``num_images`` validation images, at the model's size.
+
+    ``data``: a data source of :data:`ssog.data.DATASETS` (its validation split, evaluation
+    transform), ``"noise"`` (standard-normal images, seeded), or ``None``: the checkpoint's
+    own data set (with its data folder and validation split), noise for a random model.
+    A data set with fewer images yields all of them.
+    """
+    if num_images < 1 or batch_size < 1:
+        raise ValueError(f"num_images and batch_size must be >= 1, got {num_images} and {batch_size}")
+    model = loaded.model
+    device = model.pos_embed.device
+    in_chans = model.in_chans
+    img_size = tuple(model.patch_embed.img_size)
+    config = loaded.config or {}
+    data = data_name(loaded, data)
+    if data == NOISE:
+        generator = torch.Generator().manual_seed(seed)
+        for start in range(0, num_images, batch_size):
+            size = min(batch_size, num_images - start)
+            yield torch.randn(size, in_chans, *img_size, generator=generator).to(device)
+        return
+
+    from ..data import DATASETS, TransformedDataset, build_datasets, build_loader, build_transform
+
+    if data not in DATASETS:
+        raise ValueError(f"unknown data {data!r}; expected {NOISE!r} or one of {', '.join(DATASETS)}")
+    own = data == config.get("dataset")
+    options: dict[str, Any] = {}
+    if own:  # the checkpoint's validation split, never its training images
+        options = {k: config[k] for k in ("val_split", "split_seed", "synthetic_size", "synthetic_classes")
+                   if k in config}
+        data_dir = data_dir or config.get("data_dir")
+    _, val, info = build_datasets(data, data_dir, synthetic_img_size=img_size[0], **options)
+    if info.in_chans != in_chans:
+        raise ValueError(
+            f"{loaded.name} takes {in_chans}-channel images but data {data!r} has {info.in_chans} channels"
+        )
+    transform = build_transform("none", img_size[0], info.mean, info.std, train=False, crop_pct=info.crop_pct)
+    subset = torch.utils.data.Subset(TransformedDataset(val, transform), range(min(num_images, len(val))))
+    for images, _ in build_loader(subset, batch_size, train=False):
+        yield images.to(device)

@@ -1,0 +1,92 @@
+"""Figures of the analyses, drawn on bare matplotlib ``Figure`` objects (no pyplot, so no
+display or global backend is touched)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+from matplotlib.figure import Figure
+from torch import nn
+
+from .kernels import kernel_maps, ssog_modules
+
+TARGETS = {"mixer": "token mixer (worst layer)", "field": "continuous vector field (worst step)"}
+
+
+def _positive(values: Sequence[float]) -> list[float]:
+    """Log axes cannot show 0 (e.g. a fresh adaLN-Zero field): leave those points out."""
+    return [v if v > 0 else math.nan for v in values]
+
+
+def plot_lipschitz(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Lipschitz estimates against input scale, one panel per target (mixer, field).
+
+    ``results``: :func:`ssog.analysis.lipschitz.lipschitz_analysis` outputs, each with a
+    ``label``. Solid: largest estimate over scales up to x; dotted: estimate at x;
+    dashed: analytic bound.
+    """
+    targets = [t for t in TARGETS if any(r["summary"].get(t) for r in results)]
+    fig = Figure(figsize=(5.5 * len(targets), 4.2))
+    axes = fig.subplots(1, len(targets), squeeze=False)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, target in zip(axes[0], targets):
+        for i, result in enumerate(results):
+            curve = result["summary"].get(target)
+            if not curve:
+                continue
+            if not any(v > 0 for v in curve["ball"]):
+                ax.text(0.5, 0.5 - 0.06 * i, f"{result['label']}: all estimates 0", transform=ax.transAxes,
+                        ha="center", fontsize=7)
+                continue
+            color = colors[i % len(colors)]
+            ax.plot(result["scales"], _positive(curve["ball"]), "-o", color=color, ms=3, label=result["label"])
+            ax.plot(result["scales"], _positive(curve["local"]), ":", color=color, alpha=0.7)
+            if curve["bound"]:
+                ax.axhline(curve["bound"], color=color, ls="--", lw=1)
+        ax.set(xscale="log", xlabel="input scale", ylabel="Lipschitz estimate", title=TARGETS[target])
+        if ax.lines:
+            ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle("solid: max over scales <= x   dotted: at x   dashed: analytic bound", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_kernels(model: nn.Module, path: str | Path, title: str = "") -> Path:
+    """One row per SSoG mixer, one column per head: the mixing weights from the central
+    query of the model's token grid, with each atom's centre marked (size ~ its weight)."""
+    grid = tuple(model.patch_embed.grid_size)
+    modules = ssog_modules(model)
+    heads = max(m.num_heads for _, m in modules)
+    fig = Figure(figsize=(1.7 * heads, 1.8 * len(modules) + 0.4))
+    axes = fig.subplots(len(modules), heads, squeeze=False)
+    qy, qx = grid[0] // 2, grid[1] // 2
+    for row, (name, mixer) in zip(axes, modules):
+        maps = kernel_maps(mixer, grid, (qy, qx)).cpu()
+        params = {k: v.detach().cpu() for k, v in mixer.kernel_parameters().items()}
+        for head, ax in enumerate(row):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if head >= mixer.num_heads:
+                ax.axis("off")
+                continue
+            ax.imshow(maps[head].numpy(), cmap="viridis")
+            centres = params["mu"][head] + params["mu"].new_tensor([qy, qx])
+            ax.scatter(centres[:, 1], centres[:, 0], s=80 * params["weight"][head] + 4, c="red", marker="x", lw=1)
+            ax.set(xlim=(-0.5, grid[1] - 0.5), ylim=(grid[0] - 0.5, -0.5))  # centres may lie outside
+            ax.set_title(f"h{head} min sigma {float(params['sigma'][head].min()):.2f}", fontsize=7)
+            if head == 0:
+                ax.set_ylabel(name, fontsize=7)
+    fig.suptitle(f"{title}  query ({qy}, {qx}) of a {grid[0]}x{grid[1]} grid; x: atom centres", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path

@@ -1,0 +1,108 @@
+"""The three analyses end to end: load each model, compute, write JSON (and figures).
+
+What ``ssog analyze sinks|lipschitz|kernels`` calls; each function returns one result per
+model, with the model's identity (:meth:`AnalysisModel.describe`) merged in.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .kernels import kernel_statistics
+from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
+from .loading import data_name, image_batches, iter_models
+from .plots import plot_kernels, plot_lipschitz
+from .sinks import sink_diagnostics
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _write_json(results: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    return path
+
+
+def run_sinks(
+    models: Sequence[str] = (),
+    checkpoints: Sequence[str | Path] = (),
+    *,
+    data: str | None = None,
+    data_dir: str | None = None,
+    num_images: int = 512,
+    batch_size: int = 64,
+    ema: bool = False,
+    seed: int = 0,
+    device: str = "auto",
+    output: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Table 5 for every model; written to ``output/sinks.json`` when ``output`` is set."""
+    results = []
+    for loaded in iter_models(models, checkpoints, ema=ema, seed=seed, device=device):
+        batches = image_batches(loaded, data, data_dir=data_dir, num_images=num_images,
+                                batch_size=batch_size, seed=seed)
+        results.append({**loaded.describe(), "data": data_name(loaded, data),
+                        **sink_diagnostics(loaded.model, batches)})
+    if output is not None:
+        _write_json(results, Path(output) / "sinks.json")
+    return results
+
+
+def run_lipschitz(
+    models: Sequence[str] = (),
+    checkpoints: Sequence[str | Path] = (),
+    *,
+    data: str | None = None,
+    data_dir: str | None = None,
+    num_images: int = 8,
+    scales: Sequence[float] = DEFAULT_SCALES,
+    iters: int = 20,
+    dtype: str = "float64",
+    ema: bool = False,
+    seed: int = 0,
+    device: str = "auto",
+    output: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Bounds and estimates for every model; ``output/lipschitz.json`` and ``lipschitz.png``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    results = []
+    for loaded in iter_models(models, checkpoints, ema=ema, seed=seed, device=device):
+        images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
+        analysis = lipschitz_analysis(loaded.model, images, scales, iters, DTYPES[dtype], seed)
+        identity = loaded.describe()
+        label = f"{identity['model']} ({'random' if loaded.config is None else 'trained'})"
+        results.append({**identity, "label": label, "data": data_name(loaded, data), "dtype": dtype, **analysis})
+    if output is not None:
+        _write_json(results, Path(output) / "lipschitz.json")
+        plot_lipschitz(results, Path(output) / "lipschitz.png")
+    return results
+
+
+def run_kernels(
+    models: Sequence[str] = (),
+    checkpoints: Sequence[str | Path] = (),
+    *,
+    ema: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    output: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Kernel statistics for every model; ``output/kernels.json`` and one
+    ``kernels_<i>_<model>.png`` per model."""
+    results = []
+    for index, loaded in enumerate(iter_models(models, checkpoints, ema=ema, seed=seed, device=device)):
+        result = {**loaded.describe(), "kernels": kernel_statistics(loaded.model)}
+        if output is not None:
+            stem = re.sub(r"[^A-Za-z0-9_.-]", "_", loaded.name)
+            figure = plot_kernels(loaded.model, Path(output) / f"kernels_{index}_{stem}.png",
+                                  title=f"{loaded.name} ({loaded.source})")
+            result["figure"] = str(figure)
+        results.append(result)
+    if output is not None:
+        _write_json(results, Path(output) / "kernels.json")
+    return results

@@ -1,0 +1,116 @@
+"""``ssog analyze sinks|lipschitz|kernels``: diagnostics of trained or random models."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
+                        help="a checkpoint written by ssog train, or its run folder (its best); repeatable")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help="a registered model, randomly initialised; repeatable")
+    parser.add_argument("--ema", action="store_true", help="use the checkpoints' EMA weights")
+    parser.add_argument("--seed", type=int, default=0, help="seed of random models, noise images, power iteration")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    parser.add_argument("--output", type=Path, default=Path("runs/analysis"),
+                        help="folder for the JSON results and figures (default runs/analysis)")
+
+
+def _data(parser: argparse.ArgumentParser, num_images: int) -> None:
+    parser.add_argument("--data", help="noise, or a data set (digits, cifar10, cifar100, imagefolder, synthetic); "
+                                       "default: the checkpoint's own, noise for random models")
+    parser.add_argument("--data-dir", help="data folder of --data (default: the checkpoint's)")
+    parser.add_argument("--num-images", type=_positive_int, default=num_images,
+                        help=f"validation images to use (default {num_images})")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "analyze", help="attention sinks (Table 5), Lipschitz constants, learned SSoG kernels",
+        description="Diagnostics of checkpoints (--checkpoint) and random models (--model), one row per model.",
+    )
+    commands = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
+
+    sinks = commands.add_parser(
+        "sinks", help="attention-sink diagnostics (Table 5)",
+        description="Sink score (mean, worst layer, residual rollout), same-key %%, CLS %% and high-norm %% "
+                    "over every mixer application (blocks, loop iterations, solver steps). Writes sinks.json.",
+    )
+    _common(sinks)
+    _data(sinks, 512)
+    sinks.add_argument("--batch-size", type=_positive_int, default=64, help="images per forward pass")
+    sinks.set_defaults(func=run_sinks)
+
+    lipschitz = commands.add_parser(
+        "lipschitz", help="analytic bounds and empirical Lipschitz estimates vs input scale",
+        description="For each model's token mixer and (continuous family) vector field: the analytic "
+                    "upper bound where one exists (fixed SSoG, CenterNorm) and power-iteration estimates "
+                    "of the Jacobian's norm at the model's own inputs times each scale. "
+                    "Writes lipschitz.json and lipschitz.png.",
+    )
+    _common(lipschitz)
+    _data(lipschitz, 8)
+    lipschitz.add_argument("--scales", type=_positive_float, nargs="+", metavar="S",
+                           help="input scales (default 1 2 5 10 20 50 100 200 500 1000)")
+    lipschitz.add_argument("--iters", type=_positive_int, default=20, help="power-iteration steps")
+    lipschitz.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                           help="precision of the estimates")
+    lipschitz.set_defaults(func=run_lipschitz)
+
+    kernels = commands.add_parser(
+        "kernels", help="learned Gaussian mixtures of SSoG mixers (plots, Tables 6 and 9 statistics)",
+        description="Per SSoG mixer and head: the kernel of the central query, smallest sigma, mean |mu|, "
+                    "mixture weights. Writes kernels.json and one kernels_<i>_<model>.png per model.",
+    )
+    _common(kernels)
+    kernels.set_defaults(func=run_kernels)
+
+
+def _sources(args: argparse.Namespace) -> dict:
+    return dict(models=args.model, checkpoints=args.checkpoint, ema=args.ema, seed=args.seed,
+                device=args.device, output=args.output)
+
+
+def run_sinks(args: argparse.Namespace) -> int:
+    from ssog.analysis import run_sinks as analyse, sinks_table
+
+    results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images,
+                      batch_size=args.batch_size)
+    print(sinks_table(results))
+    print(f"\nwrote {args.output / 'sinks.json'}")
+    return 0
+
+
+def run_lipschitz(args: argparse.Namespace) -> int:
+    from ssog.analysis import DEFAULT_SCALES, lipschitz_table, run_lipschitz as analyse
+
+    results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images,
+                      scales=args.scales or DEFAULT_SCALES, iters=args.iters, dtype=args.dtype)
+    print(lipschitz_table(results))
+    print(f"\nbound: analytic upper bound ('-': none exists); s=...: largest estimate at scales <= s")
+    print(f"wrote {args.output / 'lipschitz.json'} and {args.output / 'lipschitz.png'}")
+    return 0
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    from ssog.analysis import kernels_table, run_kernels as analyse
+
+    results = analyse(**_sources(args))
+    print(kernels_table(results))
+    print(f"\nwrote {args.output / 'kernels.json'} and " + ", ".join(r["figure"] for r in results))
+    return 0

@@ -1,0 +1,269 @@
+"""ssog.analysis and `ssog analyze`: sink metrics, Lipschitz bounds and estimates, kernels."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ssog.analysis import (
+    AnalysisModel, field_lipschitz_bound, high_norm_counts, image_batches, kernel_maps, kernel_statistics,
+    lipschitz_analysis, load_model, local_lipschitz, mixer_lipschitz_bound, most_attended_keys, prefix_mass,
+    residual_rollout, run_kernels, run_lipschitz, run_sinks, same_key_percent, sink_diagnostics, sink_scores,
+)
+from ssog.cli import main
+from ssog.layers import SSoGAttention
+from ssog.models import create_model
+
+SMALL = dict(embed_dim=16, num_heads=2)  # on the 8x8 single-channel preset: 65 tokens
+DEPTH = {"vit": "depth", "loopvit": "num_loops", "odevit": "nfe"}
+
+
+def small_model(op: str, family: str, applications: int = 3, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = create_model(f"{op}_{family}_micro_patch1_8", **SMALL, **{DEPTH[family]: applications}, **kwargs)
+    return model.eval()
+
+
+def noise(batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def open_field_gates(model: torch.nn.Module) -> None:
+    """A fresh ODE field is zero (adaLN-Zero); random modulation makes it a real test."""
+    torch.manual_seed(2)
+    torch.nn.init.normal_(model.field.adaLN_modulation[1].weight, std=0.3)
+    torch.nn.init.normal_(model.field.adaLN_modulation[1].bias, std=0.3)
+
+
+# ---------------------------------------------------------------------------- sink metrics
+def test_uniform_attention_has_sink_score_one():
+    uniform = torch.full((3, 2, 10, 10), 0.1)
+    assert torch.allclose(sink_scores(uniform), torch.ones(3))
+
+
+def test_one_key_sink_scores_the_token_count_and_is_the_most_attended():
+    attn = torch.zeros(2, 3, 10, 10)
+    attn[..., 4] = 1.0
+    assert torch.allclose(sink_scores(attn), torch.full((2,), 10.0))
+    assert (most_attended_keys(attn) == 4).all()
+
+
+def test_rollout_of_identity_maps_is_identity():
+    eye = torch.eye(7).expand(2, 7, 7)
+    assert torch.equal(residual_rollout([eye, eye, eye]), eye)
+
+
+def test_rollout_multiplies_later_layers_on_the_left_and_stays_stochastic():
+    a, b = torch.rand(2, 2, 5, 5).softmax(-1).unbind(0)
+    half = lambda m: (m + torch.eye(5)) / 2  # noqa: E731
+    rollout = residual_rollout([a, b])
+    assert torch.allclose(rollout, half(b) @ half(a))
+    assert torch.allclose(rollout.sum(-1), torch.ones(2, 5))
+
+
+def test_same_key_percent_averages_the_share_of_each_heads_mode():
+    keys = torch.tensor([[0, 1], [0, 2], [1, 2], [0, 2]])  # modes 0 and 2, each 3 of 4 images
+    assert same_key_percent(keys) == pytest.approx(75.0)
+
+
+def test_prefix_mass_reads_only_patch_queries():
+    attn = torch.zeros(1, 1, 3, 3)
+    attn[0, 0, 0, 0] = 1.0  # the prefix query reading itself does not count
+    attn[0, 0, 1:, 0] = torch.tensor([0.5, 0.1])
+    assert prefix_mass(attn, 1).item() == pytest.approx(0.3)
+
+
+def test_high_norm_counts_tokens_above_three_medians():
+    tokens = torch.ones(2, 5, 4)
+    tokens[0, 2] *= 10
+    assert high_norm_counts(tokens) == (1, 10)
+
+
+@pytest.mark.parametrize("family", ["vit", "loopvit", "odevit"])
+def test_fixed_ssog_same_key_is_100_and_patches_never_read_cls(family):
+    result = sink_diagnostics(small_model("ssog", family), [noise(), noise(3)])
+    assert result["layers"] == 3  # every block / loop iteration / solver step is a layer
+    assert result["images"] == 7
+    assert result["same_key_percent"] == 100.0
+    assert result["cls_percent"] is None
+    assert result["sink_worst"] >= result["sink_mean"] >= 1.0
+    assert 0.0 <= result["high_norm_percent"] <= 100.0
+
+
+def test_mha_sinks_report_cls_mass_and_a_layer_per_application():
+    result = sink_diagnostics(small_model("mha", "odevit", 4), [noise()])
+    assert result["layers"] == 4
+    assert [row["module"] for row in result["per_layer"]] == ["field.attn"] * 4
+    assert 0.0 < result["cls_percent"] < 100.0
+
+
+def test_sinks_refuse_a_varying_layer_sequence():
+    model = small_model("ssog", "vit", 2)
+    calls = iter([model.forward_features, lambda x: model.blocks[0].attn(*model.embed(x))])
+
+    class Switching(torch.nn.Module):  # second batch applies one mixer instead of two
+        def __init__(self):
+            super().__init__()
+            self.inner, self.norm, self.num_prefix_tokens = model, model.norm, 1
+
+        def forward_features(self, x):
+            return next(calls)(x)
+
+    with pytest.raises(ValueError, match="fixed sequence of layers"):
+        sink_diagnostics(Switching(), [noise(), noise()])
+
+
+# ---------------------------------------------------------------------------- Lipschitz
+def test_power_iteration_finds_the_operator_norm_of_a_fixed_ssog_mixer():
+    torch.manual_seed(0)
+    mixer = SSoGAttention(8, 2, num_prefix_tokens=1).double()
+    with torch.no_grad():
+        mixer.mu.normal_(std=1.0)
+    grid = (3, 4)
+    x = torch.randn(1, 13, 8, dtype=torch.float64)
+    jac = torch.autograd.functional.jacobian(lambda z: mixer(z, grid), x).reshape(13 * 8, 13 * 8)
+    exact = torch.linalg.matrix_norm(jac, ord=2).item()
+    estimate = local_lipschitz(lambda z: mixer(z, grid), x, iters=50).item()
+    assert estimate == pytest.approx(exact, rel=1e-6)
+    assert exact <= mixer_lipschitz_bound(mixer, grid) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("family", ["vit", "odevit"])
+def test_fixed_ssog_estimates_never_exceed_the_bound(family):
+    model = small_model("ssog", family, 2)
+    if family == "odevit":
+        open_field_gates(model)
+    result = lipschitz_analysis(model, noise(2), scales=(1, 10, 1000), iters=8)
+    targets = result["mixers"] + result["field"]
+    assert len(result["mixers"]) == (2 if family == "vit" else 1)
+    assert len(result["field"]) == (2 if family == "odevit" else 0)
+    for target in targets:
+        assert target["bound"] is not None and target["within_bound"]
+        assert 0 < max(target["local"]) <= target["bound"]
+    summary = result["summary"]["field" if family == "odevit" else "mixer"]
+    assert summary["within_bound"] and max(summary["ball"]) <= summary["bound"]
+
+
+def test_mha_estimates_grow_with_scale_and_have_no_bound():
+    model = small_model("mha", "odevit", 2)
+    open_field_gates(model)
+    result = lipschitz_analysis(model, noise(2), scales=(1, 1000), iters=8)
+    for target in ("mixer", "field"):
+        curve = result["summary"][target]
+        assert curve["bound"] is None
+        assert curve["ball"][-1] > 10 * curve["ball"][0]
+
+
+def test_no_bound_for_steered_ssog_or_a_layernorm_field():
+    steered = small_model("ssog", "vit", 1, steer=("mu",))
+    assert mixer_lipschitz_bound(steered.blocks[0].attn, (8, 8)) is None
+    layernorm = small_model("ssog", "odevit", 1, field_norm="layernorm")
+    assert field_lipschitz_bound(layernorm.field, 0.0, (8, 8)) is None
+    fresh = small_model("ssog", "odevit", 1)
+    assert field_lipschitz_bound(fresh.field, 0.5, (8, 8)) == 0.0  # adaLN-Zero: f = 0
+
+
+def test_lipschitz_rejects_bad_scales():
+    with pytest.raises(ValueError, match="scales"):
+        lipschitz_analysis(small_model("ssog", "vit", 1), noise(1), scales=(0, 1))
+
+
+# ---------------------------------------------------------------------------- kernels
+def test_kernel_statistics_and_maps_follow_the_parameters():
+    model = small_model("ssog", "vit", 2)
+    mixer = model.blocks[1].attn
+    with torch.no_grad():
+        mixer.mu.zero_()
+        mixer.mu[1, 0] = torch.tensor([3.0, 4.0])  # |mu| = 5 for one of 2 x 4 atoms
+        mixer.rho.fill_(-30.0)  # sigma -> sigma_min
+        mixer.logits.zero_()
+        mixer.logits[1, 0] = 50.0  # head 1 is (almost) only its shifted atom
+    stats = kernel_statistics(model)["mixers"][1]
+    assert stats["min_sigma"] == pytest.approx(0.25)
+    assert stats["mean_abs_mu"] == pytest.approx(5 / 8)
+    assert stats["weight"][0] == pytest.approx([0.25] * 4)
+    maps = kernel_maps(mixer, (8, 8), query=(2, 2))
+    assert torch.allclose(maps.sum(dim=(1, 2)), torch.ones(2, dtype=maps.dtype))
+    assert divmod(int(maps[1].argmax()), 8) == (5, 6)  # query + mu
+
+
+def test_kernels_need_an_ssog_model():
+    with pytest.raises(ValueError, match="no SSoGAttention"):
+        kernel_statistics(small_model("mha", "vit", 1))
+
+
+# ---------------------------------------------------------------------------- end to end
+def test_runs_write_json_and_plots(tmp_path):
+    sinks = run_sinks(["ssog_loopvit_micro_patch1_8"], num_images=6, batch_size=4, device="cpu", output=tmp_path)
+    assert sinks[0]["images"] == 6 and sinks[0]["data"] == "noise"
+    lip = run_lipschitz(["mha_odevit_micro_patch1_8", "ssog_odevit_micro_patch1_8"], num_images=1, scales=(1, 100),
+                        iters=2, device="cpu", output=tmp_path)
+    assert lip[1]["summary"]["mixer"]["within_bound"]
+    kernels = run_kernels(["ssog_odevit_micro_patch1_8"], output=tmp_path)
+    for name in ("sinks.json", "lipschitz.json", "kernels.json"):
+        assert json.loads((tmp_path / name).read_text())
+    for figure in (tmp_path / "lipschitz.png", tmp_path / kernels[0]["figure"]):
+        assert figure.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    from ssog.train import TrainConfig, save_checkpoint
+
+    model = small_model("ssog", "vit", 2)
+    config = TrainConfig(model="ssog_vit_micro_patch1_8", model_kwargs={**SMALL, "depth": 2}, dataset="digits")
+    path = tmp_path / "run" / "best.safetensors"
+    save_checkpoint(path, {"kind": "best", "config": config.to_dict(), "model": model.state_dict()})
+    return path, model
+
+
+def test_checkpoint_loads_its_weights_and_its_validation_images(checkpoint):
+    path, model = checkpoint
+    loaded = load_model(checkpoint=path.parent)  # a run folder means its best checkpoint
+    assert loaded.name == "ssog_vit_micro_patch1_8" and loaded.source == str(path)
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[key], value)
+    batches = list(image_batches(loaded, num_images=10, batch_size=4))
+    assert [b.shape for b in batches] == [(4, 1, 8, 8), (4, 1, 8, 8), (2, 1, 8, 8)]
+
+
+def test_cli_analyzes_a_checkpoint_beside_a_random_model(checkpoint, tmp_path, capsys):
+    path, _ = checkpoint
+    code = main(["analyze", "sinks", "--checkpoint", str(path), "--model", "mha_vit_micro_patch1_8",
+                 "--num-images", "8", "--device", "cpu", "--output", str(tmp_path / "out")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ssog_vit_micro_patch1_8" in out and "mha_vit_micro_patch1_8" in out
+    rows = json.loads((tmp_path / "out" / "sinks.json").read_text())
+    assert [r["data"] for r in rows] == ["digits", "noise"]
+    assert rows[0]["same_key_percent"] == 100.0 and rows[0]["cls_percent"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sinks"], "at least one checkpoint or model"),
+    (["kernels", "--model", "ssog_vit_nope"], "unknown model"),
+    (["kernels", "--model", "mha_vit_micro_patch1_8"], "no SSoGAttention"),
+    (["sinks", "--model", "ssog_vit_micro_patch1_8", "--data", "mnist"], "unknown data 'mnist'"),
+    (["sinks", "--model", "ssog_vit_tiny_patch4_32", "--data", "digits"], "3-channel images"),
+    (["kernels", "--checkpoint", "/nonexistent/best.safetensors"], "does not exist"),
+    (["kernels", "--model", "ssog_vit_micro_patch1_8", "--ema"], "ema applies to checkpoints"),
+    (["lipschitz", "--model", "ssog_vit_micro_patch1_8", "--device", "tpu"], "unknown device"),
+])
+def test_bad_arguments_give_one_clear_error(args, message, tmp_path, capsys):
+    assert main(["analyze", *args, "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["sinks", "--num-images", "0"], ["lipschitz", "--scales", "-1"], ["nope"]])
+def test_bad_option_values_are_rejected_by_the_parser(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", *args])
+    assert exit_info.value.code == 2
+
+
+def test_analysis_model_describes_itself():
+    loaded = AnalysisModel(small_model("ssog", "odevit", 1, steer=("sigma",)), "x", "here")
+    assert loaded.describe() == {"model": "x", "source": "here", "family": "odevit", "op": "ssog",
+                                 "steer": ["sigma"]}
