@@ -75,6 +75,8 @@ class ViTBase(nn.Module):
         _check_pool(global_pool, class_token)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        if any(s % p for s, p in zip(to_2tuple(img_size), to_2tuple(patch_size))):
+            raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}")
         self.ssog_args = resolve_mixer_args(
             op, num_atoms=num_atoms, sigma_min=sigma_min, steer=steer,
             steer_radius=steer_radius, steer_gate_init=steer_gate_init, backend=backend,
