@@ -78,7 +78,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     # Intra-op threads of a CPU run (null: torch's default, one per core). One by default:
     # the small models trained on CPUs gain little from more, and on a shared machine an
-    # oversubscribed thread pool made steps 5-20x slower (docs/results/cifar10_tiny.md).
+    # oversubscribed pool made the digits run 15x slower (docs/results/digits_default.md).
     threads: int | None = 1
     output: str | None = None  # None: runs/<timestamp>
     checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
