@@ -44,10 +44,10 @@ def test_every_family_op_and_preset_is_registered():
     for family in FAMILIES:
         for op in OPS:
             for preset in ("small_patch16_224", "medium_patch16_224", "base_patch16_224",
-                           "tiny_patch4_32", "micro_patch1_8"):
+                           "tiny_patch4_32", "micro_patch1_8", "digits_patch2_8"):
                 assert f"{op}_{family}_{preset}" in names
     assert set(timm.list_models("*_odevit_*")) >= {n for n in names if "_odevit_" in n}
-    assert len(names) == 30
+    assert len(names) == 36
 
 
 def test_registered_models_are_the_family_classes():
@@ -141,7 +141,7 @@ def test_meta_count_equals_real_count(name, solver, nfe):
 # ----------------------------------------------------------------------------- forward / backward
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("preset", ["tiny_patch4_32", "micro_patch1_8"])
+@pytest.mark.parametrize("preset", ["tiny_patch4_32", "micro_patch1_8", "digits_patch2_8"])
 def test_forward_backward(family, op, preset):
     torch.manual_seed(0)
     model = timm.create_model(f"{op}_{family}_{preset}", drop_path_rate=0.1)

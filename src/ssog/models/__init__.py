@@ -6,7 +6,7 @@
 
 Registered names: ``{op}_{family}_{preset}`` with op ``mha``/``ssog`` and presets
 ``small/medium/base_patch16_224`` (the paper's widths) and the CPU presets
-``tiny_patch4_32`` (32 px) and ``micro_patch1_8`` (8x8 single channel), e.g.
+``tiny_patch4_32`` (32 px), ``micro_patch1_8`` and ``digits_patch2_8`` (8x8 single channel), e.g.
 ``timm.create_model("ssog_odevit_base_patch16_224", num_classes=100)``.
 """
 from ._blocks import OPS, Block, create_mixer

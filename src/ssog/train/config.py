@@ -22,11 +22,10 @@ import yaml
 
 __all__ = ["TrainConfig", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
 
-DEFAULT_MODEL = "ssog_vit_micro_patch1_8"
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
 # digits then train several times slower.
-DEFAULT_MODEL_KWARGS = {"patch_size": 2, "global_pool": "avg"}
+DEFAULT_MODEL = "ssog_vit_digits_patch2_8"
 
 
 @dataclass
@@ -39,7 +38,7 @@ class TrainConfig:
 
     # model: created with timm.create_model(model, **model_kwargs, num_classes=..., ...)
     model: str = DEFAULT_MODEL
-    model_kwargs: dict[str, Any] | None = None  # None: DEFAULT_MODEL_KWARGS for the default model, else {}
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
     drop_path: float = 0.0
     # data
     dataset: str = "digits"
@@ -87,8 +86,8 @@ class TrainConfig:
     wandb_project: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model_kwargs is None:
-            self.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if self.model == DEFAULT_MODEL else {}
+        if self.model_kwargs is None:  # `model_kwargs:` left empty in a recipe
+            self.model_kwargs = {}
         self.validate()
 
     def validate(self) -> None:
@@ -228,9 +227,6 @@ def resolve_config(
     elif variant is not None:
         raise ValueError("--variant needs --config")
     overrides = list(overrides)
-    model = next((v for k, v in reversed(overrides) if k == "model"), values.get("model", DEFAULT_MODEL))
-    if model == DEFAULT_MODEL and "model_kwargs" not in values:
-        values["model_kwargs"] = dict(DEFAULT_MODEL_KWARGS)  # so that model_kwargs.x=... extends them
     for key, value in overrides:
         head, _, rest = key.partition(".")
         values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
