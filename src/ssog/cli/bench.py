@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "224 and 448 px; 'paper': the paper's GPU sweep")
     parser.add_argument("--families", nargs="+", choices=FAMILIES, help="model families")
     parser.add_argument("--ops", nargs="+", choices=OPS, help="token mixers")
-    parser.add_argument("--size", help="width preset of the resolution x batch grid (micro, tiny, small, medium, base)")
+    parser.add_argument("--size", help="width preset of the resolution x batch grid: small, medium, base, "
+                                       "or a CPU preset (tiny, micro)")
     parser.add_argument("--resolutions", nargs="+", type=int, metavar="PX", help="image sides in pixels")
     parser.add_argument("--batch-sizes", nargs="+", type=int, metavar="B")
     parser.add_argument("--width-sizes", nargs="*", metavar="SIZE",
