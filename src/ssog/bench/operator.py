@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ import torch.nn.functional as F
 from ..layers import multiscale_widths
 from ..ops import BACKENDS, choose_backend, ssog_mix
 from .memory import is_out_of_memory, peak_memory
-from .timing import synchronize
+from .results import environment
+from .timing import time_interleaved
 
 BASELINE = "sdpa"
 
@@ -118,21 +118,6 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
     return calls
 
 
-def _interleaved(calls: dict[str, Callable[[], None]], device: torch.device, rounds: int, warmup: int) -> dict[str, list[float]]:
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            synchronize(device)
-            start = time.perf_counter()
-            call()
-            synchronize(device)
-            samples[name].append(time.perf_counter() - start)
-    return samples
-
-
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     if len(values) == 1:
         return values[0], values[0], values[0]
@@ -150,7 +135,8 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
             label = "forward+backward" if backward else "forward"
             calls = _calls(config, grid, backward)
             try:
-                samples = _interleaved(calls, device, config.rounds, config.warmup)
+                stats = time_interleaved(calls, device=device, warmup=config.warmup, iters=config.rounds)
+                samples = {name: list(stat.samples) for name, stat in stats.items()}
                 peaks = {name: peak_memory(call, device=device) for name, call in calls.items()}
             except RuntimeError as error:
                 if not is_out_of_memory(error):
@@ -216,12 +202,6 @@ def steered_memory(config: OperatorConfig, grid: int = 64, steer_atoms: int | No
     }
 
 
-def environment(config: OperatorConfig) -> dict[str, str | int]:
-    device = torch.device(config.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": config.dtype}
-
-
 def markdown_table(results: list[Measurement]) -> str:
     lines = [
         "| grid | tokens | pass | candidate | median ms | speedup vs SDPA (median [q1, q3]) | peak MiB | peak / SDPA | footprint / SDPA |",
@@ -272,7 +252,7 @@ def save(results: list[Measurement], steered: dict | None, config: OperatorConfi
     output.mkdir(parents=True, exist_ok=True)
     payload = {
         "config": asdict(config),
-        "environment": environment(config),
+        "environment": environment(torch.device(config.device), config.dtype),
         "results": [asdict(m) for m in results],
         "steered_memory": steered,
     }
