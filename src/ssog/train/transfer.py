@@ -128,17 +128,12 @@ def set_input_size(model: torch.nn.Module, img_size: int | None = None, patch_si
     """
     if not hasattr(model, "set_input_size"):
         raise ValueError(f"{type(model).__name__} has no set_input_size: cannot change its input size")
-    old_grid = tuple(model.patch_embed.grid_size)
+    if rescale_kernels and not ssog_mixers(model):
+        raise ValueError("--rescale-kernels applies to SSoG models; this model has no SSoG mixer")
+    old_grid = model.patch_embed.grid_size
+    # The ssog families rescale their kernels themselves (and check the grid ratio);
+    # timm's own models take no such argument.
     model.set_input_size(img_size=None if img_size is None else (img_size, img_size),
-                         patch_size=None if patch_size is None else (patch_size, patch_size))
-    new_grid = tuple(model.patch_embed.grid_size)
-    ratios = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1])
-    if rescale_kernels:
-        if abs(ratios[0] - ratios[1]) > 1e-9:
-            raise ValueError(f"--rescale-kernels needs the same grid ratio on both axes, got {ratios}")
-        mixers = ssog_mixers(model)
-        if not mixers:
-            raise ValueError("--rescale-kernels applies to SSoG models; this model has no SSoG mixer")
-        for mixer in mixers:
-            mixer.rescale_kernels(ratios[0])
-    return ratios[0]
+                         patch_size=None if patch_size is None else (patch_size, patch_size),
+                         **({"rescale_kernels": True} if rescale_kernels else {}))
+    return model.patch_embed.grid_size[0] / old_grid[0]
