@@ -76,9 +76,8 @@ def ssog_mix(
         backend: ``"dense"``, ``"separable"``, ``"local"`` (fixed kernels only) or
             ``"auto"`` (cost model, :func:`choose_backend`).
         local_tolerance: the local backend drops keys whose kernel value is below this
-            fraction of their row's peak and renormalises the rows; each output then
-            differs from the exact one by at most about ``local_tolerance * window``
-            of the values' scale.
+            fraction of their row's peak and rescales each row to its sum; an output then
+            differs from the exact one by at most ``local_tolerance * N * max|v|``.
 
     Returns:
         ``(B, H, N, d)`` in the dtype of ``v``.
