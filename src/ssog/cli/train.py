@@ -9,6 +9,7 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
     ("--dataset", "dataset", str, "digits | cifar10 | cifar100 | imagefolder | synthetic"),
     ("--data-dir", "data_dir", str, "data folder (CIFAR root or ImageFolder root with train/ and val/)"),
     ("--val-split", "val_split", None, "split this fraction (<1) or count off the training set for validation"),
+    ("--train-subset", "train_subset", int, "train on a seeded, stratified subset of N training images"),
     ("--img-size", "img_size", int, "input size in pixels (default: the data's native size)"),
     ("--augment", "augment", str, "augmentation level: strong | moderate | weak | none (Table 15)"),
     ("--epochs", "epochs", int, "training epochs"),

@@ -1,10 +1,13 @@
 """Data sources, augmentation levels and restart-safe loaders for training and evaluation."""
-from ssog.data.datasets import DATASETS, ArrayDataset, DatasetInfo, build_datasets, stratified_split
+from ssog.data.datasets import (
+    DATASETS, ArrayDataset, DatasetInfo, build_datasets, dataset_targets, stratified_split, training_subset,
+)
 from ssog.data.loader import EpochSampler, ShardSampler, TransformedDataset, build_loader, sample_seed
 from ssog.data.transforms import AUGMENTATIONS, Augmentation, build_transform, get_augmentation
 
 __all__ = [
-    "DATASETS", "ArrayDataset", "DatasetInfo", "build_datasets", "stratified_split",
+    "DATASETS", "ArrayDataset", "DatasetInfo", "build_datasets", "dataset_targets", "stratified_split",
+    "training_subset",
     "EpochSampler", "ShardSampler", "TransformedDataset", "build_loader", "sample_seed",
     "AUGMENTATIONS", "Augmentation", "build_transform", "get_augmentation",
 ]

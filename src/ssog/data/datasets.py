@@ -17,7 +17,10 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, Subset
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-__all__ = ["DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "stratified_split"]
+__all__ = [
+    "DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "dataset_targets", "stratified_split",
+    "training_subset",
+]
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 
@@ -87,6 +90,35 @@ def stratified_split(
         np.arange(n), test_size=val_split, stratify=np.asarray(targets), random_state=seed, shuffle=True
     )
     return sorted(train_idx.tolist()), sorted(val_idx.tolist())
+
+
+def dataset_targets(dataset: Dataset) -> list[int]:
+    """Class index of every sample of ``dataset`` (a source with ``targets``, or a ``Subset``
+    of one), read without loading any image."""
+    if isinstance(dataset, Subset):
+        targets = dataset_targets(dataset.dataset)
+        return [targets[i] for i in dataset.indices]
+    return list(dataset.targets)
+
+
+def training_subset(dataset: Dataset, size: int, seed: int) -> Dataset:
+    """A seeded subset of ``size`` samples of ``dataset`` with its class proportions.
+
+    The small-data regime of docs/results/accuracy.md: the validation split is untouched, and
+    the same ``(size, seed)`` always picks the same images. ``size`` must leave every class at
+    least one sample and be below the dataset's size.
+    """
+    targets = dataset_targets(dataset)
+    classes = len(set(targets))
+    if isinstance(size, bool) or not isinstance(size, int) or not classes <= size < len(targets):
+        raise ValueError(
+            f"train_subset must be a sample count in [{classes}, {len(targets) - 1}] (at least one "
+            f"image per class, fewer than the {len(targets)} training images), got {size!r}"
+        )
+    keep, _ = train_test_split(
+        np.arange(len(targets)), train_size=size, stratify=np.asarray(targets), random_state=seed, shuffle=True
+    )
+    return Subset(dataset, sorted(keep.tolist()))
 
 
 def _split(dataset: Dataset, targets: Sequence[int], val_split: float | int, seed: int) -> tuple[Subset, Subset]:

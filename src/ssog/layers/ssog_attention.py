@@ -1,6 +1,7 @@
 """``SSoGAttention``: the SSoG token mixer as a drop-in for self-attention (SPEC §1)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -11,6 +12,10 @@ from ..ops import BACKENDS, mix, ssog_matrix
 from ._tokens import check_tokens, prefix_mean_rows
 
 STEERABLE = ("mu", "sigma", "lambda")
+#: How the fixed centres ``mu`` start (:func:`initial_centres`).
+CENTRE_INITS = ("ring", "normal", "zero")
+#: How the fixed widths ``sigma`` start (:func:`initial_widths`).
+WIDTH_INITS = ("ladder", "narrow")
 
 
 def _inverse_softplus(y: Tensor) -> Tensor:
@@ -30,6 +35,37 @@ def multiscale_widths(num_heads: int, num_atoms: int, low: float = 0.5, high: fl
     return ladder.view(num_atoms, num_heads).t().float()
 
 
+def initial_centres(num_heads: int, num_atoms: int, kind: str = "ring", radius: float = 1.0) -> Tensor:
+    """Initial centres ``mu (H, R, 2)`` (y, x) in tokens, relative to the query.
+
+    ``"ring"``: the ``H*R`` atoms of a layer on a circle of ``radius`` tokens at angles
+    ``2*pi*k/(H*R)``, atom ``k = r*H + h`` (so each head's atoms point in ``R`` directions
+    spread around the circle, and heads are rotated against each other). ``"normal"``:
+    i.i.d. ``N(0, radius^2)`` (from torch's global generator). ``"zero"``: all at the query,
+    a symmetric blur that cannot tell left from right at the start.
+    """
+    if kind == "zero":
+        return torch.zeros(num_heads, num_atoms, 2)
+    if kind == "normal":
+        return torch.randn(num_heads, num_atoms, 2) * radius
+    if kind == "ring":
+        steps = num_heads * num_atoms
+        angle = 2 * math.pi * torch.arange(steps, dtype=torch.float64) / steps
+        ring = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1) * radius
+        return ring.view(num_atoms, num_heads, 2).transpose(0, 1).float()
+    raise ValueError(f"unknown centre_init {kind!r}; expected one of {CENTRE_INITS}")
+
+
+def initial_widths(num_heads: int, num_atoms: int, kind: str = "ladder") -> Tensor:
+    """Initial widths ``(H, R)`` in tokens: ``"ladder"`` (:func:`multiscale_widths`, 0.5 to
+    4 tokens) or ``"narrow"`` (every atom 0.7 tokens: local at the start, widths learned)."""
+    if kind == "ladder":
+        return multiscale_widths(num_heads, num_atoms)
+    if kind == "narrow":
+        return torch.full((num_heads, num_atoms), 0.7)
+    raise ValueError(f"unknown width_init {kind!r}; expected one of {WIDTH_INITS}")
+
+
 class SSoGAttention(nn.Module):
     """Mix patch tokens with a learned sum of separable Gaussians per head.
 
@@ -38,9 +74,12 @@ class SSoGAttention(nn.Module):
     centre ``mu`` (relative to the query) and width ``sigma = sigma_min + softplus(rho)``
     are in token units, and ``lambda = softmax(logits)``.
 
-    Initialisation: ``mu = 0`` (a blur around the query), widths on a geometric ladder
-    from 0.5 to 4 tokens spread over the atoms and heads (:func:`multiscale_widths`,
-    never below ``sigma_min + 0.05``), equal mixture weights.
+    Initialisation (``centre_init``, ``width_init``): centres on a ring of
+    ``centre_radius`` = 1 token, so the atoms of a layer point in different directions
+    (:func:`initial_centres`; ``"zero"`` is a blur around the query that cannot tell left
+    from right); widths on a geometric ladder from 0.5 to 4 tokens spread over the atoms
+    and heads (:func:`initial_widths`, never below ``sigma_min + 0.05``); equal mixture
+    weights. docs/results/accuracy.md measures these choices.
 
     Steering (``steer`` any subset of ``{"mu", "sigma", "lambda"}``) makes those
     parameters depend on the query token ``u`` (the block's normalised input)::
@@ -58,6 +97,7 @@ class SSoGAttention(nn.Module):
     Args:
         dim: token width ``D``; num_heads: ``H`` (must divide ``D``); num_atoms: ``R``.
         sigma_min: width floor in tokens (> 0). backend: see :func:`ssog.ops.ssog_mix`.
+        centre_init, centre_radius, width_init: kernel initialisation, see above.
         qkv_bias: bias of the value projection (named for drop-in use with timm blocks).
     """
 
@@ -74,6 +114,9 @@ class SSoGAttention(nn.Module):
         qkv_bias: bool = True,
         proj_drop: float = 0.0,
         backend: str = "auto",
+        centre_init: str = "ring",
+        centre_radius: float = 1.0,
+        width_init: str = "ladder",
     ) -> None:
         super().__init__()
         if dim <= 0 or num_heads <= 0 or dim % num_heads:
@@ -105,8 +148,10 @@ class SSoGAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-        widths = multiscale_widths(num_heads, num_atoms).clamp_min(self.sigma_min + 0.05)
-        self.mu = nn.Parameter(torch.zeros(num_heads, num_atoms, 2))
+        if not centre_radius >= 0:
+            raise ValueError(f"centre_radius must be >= 0 (tokens), got {centre_radius}")
+        widths = initial_widths(num_heads, num_atoms, width_init).clamp_min(self.sigma_min + 0.05)
+        self.mu = nn.Parameter(initial_centres(num_heads, num_atoms, centre_init, centre_radius))
         rho = _inverse_softplus(widths - self.sigma_min)
         self.rho = nn.Parameter(rho.unsqueeze(-1).repeat(1, 1, 2))
         self.logits = nn.Parameter(torch.zeros(num_heads, num_atoms))
@@ -207,4 +252,7 @@ class SSoGAttention(nn.Module):
         )
 
 
-__all__ = ["SSoGAttention", "STEERABLE", "multiscale_widths"]
+__all__ = [
+    "SSoGAttention", "STEERABLE", "CENTRE_INITS", "WIDTH_INITS", "initial_centres", "initial_widths",
+    "multiscale_widths",
+]

@@ -20,6 +20,11 @@ from ..layers import SSoGAttention
 from ._blocks import resolve_mixer_args
 
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
+#: ``(global_pool, class_token)`` of each operator when the caller gives neither. An SSoG
+#: class token only reads the mean of the patch values, so with class-token pooling the last
+#: mixing step never reaches the logits (in the discrete family its kernels get no gradient);
+#: average pooling measured better (docs/results/accuracy.md). MHA keeps timm's layout.
+DEFAULT_LAYOUT: dict[str, tuple[str, bool]] = {"mha": ("token", True), "ssog": ("avg", False)}
 
 
 class ViTBase(nn.Module):
@@ -31,14 +36,18 @@ class ViTBase(nn.Module):
         patch_size: patch side in pixels.
         in_chans: input channels.
         num_classes: classifier outputs; 0 for no head (``forward`` returns pooled features).
-        global_pool: ``"token"`` (class token), ``"avg"`` (mean of patch tokens) or ``""``.
+        global_pool: ``"token"`` (class token), ``"avg"`` (mean of patch tokens) or ``""``;
+            ``None``: the operator's default (:data:`DEFAULT_LAYOUT`): timm's class token for
+            ``mha``, average pooling without a class token for ``ssog``.
         embed_dim, num_heads, mlp_ratio: width, heads and MLP expansion.
         op: token mixer, ``"mha"`` (fused SDPA attention) or ``"ssog"``.
         qkv_bias: bias of the mixer's input projection(s).
-        class_token: prepend a learned class token (a prefix token SSoG patches never read).
+        class_token: prepend a learned class token (a prefix token SSoG patches never read);
+            ``None``: the operator's default (:data:`DEFAULT_LAYOUT`).
         drop_rate: dropout before the head. proj_drop_rate: dropout after mixer/MLP outputs.
         drop_path_rate: stochastic depth (the family documents how it is spread).
-        num_atoms, sigma_min, steer, steer_radius, steer_gate_init, backend: SSoG options,
+        num_atoms, sigma_min, steer, steer_radius, steer_gate_init, backend, centre_init,
+            centre_radius, width_init: SSoG options,
             forwarded to :class:`~ssog.layers.SSoGAttention` (``None`` = its default); an
             error with ``op="mha"``.
     """
@@ -54,13 +63,13 @@ class ViTBase(nn.Module):
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         num_classes: int = 1000,
-        global_pool: str = "token",
+        global_pool: str | None = None,
         embed_dim: int = 768,
         num_heads: int = 12,
         mlp_ratio: float = 4.0,
         op: str = "mha",
         qkv_bias: bool = True,
-        class_token: bool = True,
+        class_token: bool | None = None,
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -70,8 +79,12 @@ class ViTBase(nn.Module):
         steer_radius: float | None = None,
         steer_gate_init: float | None = None,
         backend: str | None = None,
+        centre_init: str | None = None,
+        centre_radius: float | None = None,
+        width_init: str | None = None,
     ) -> None:
         super().__init__()
+        global_pool, class_token = _pool_layout(op, global_pool, class_token)
         _check_pool(global_pool, class_token)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -80,6 +93,7 @@ class ViTBase(nn.Module):
         self.ssog_args = resolve_mixer_args(
             op, num_atoms=num_atoms, sigma_min=sigma_min, steer=steer,
             steer_radius=steer_radius, steer_gate_init=steer_gate_init, backend=backend,
+            centre_init=centre_init, centre_radius=centre_radius, width_init=width_init,
         )
         self.op = op
         self.num_classes = num_classes
@@ -278,7 +292,7 @@ class ViTBase(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Embeddings and the SSoG kernel parameters (positions/widths/mixture logits in
         token units, which weight decay would pull towards arbitrary values)."""
-        names = {"pos_embed", "cls_token"}
+        names = {"pos_embed"} | ({"cls_token"} if self.cls_token is not None else set())
         for prefix, module in self.named_modules():
             if isinstance(module, SSoGAttention):
                 linears = {name for name, m in module.named_modules() if isinstance(m, nn.Linear)}
@@ -357,6 +371,17 @@ class ViTBase(nn.Module):
         if prune_head:
             self.reset_classifier(0, "")
         return take
+
+
+def _pool_layout(op: str, global_pool: str | None, class_token: bool | None) -> tuple[str, bool]:
+    """Fill in the operator's default pooling and class token (:data:`DEFAULT_LAYOUT`)."""
+    default_pool, default_token = DEFAULT_LAYOUT.get(op, DEFAULT_LAYOUT["mha"])
+    if global_pool is None:
+        # A class token the caller asked for is what the model pools, as in timm.
+        global_pool = "token" if class_token else default_pool if class_token is None else "avg"
+    if class_token is None:
+        class_token = True if global_pool == "token" else default_token
+    return global_pool, class_token
 
 
 def _check_pool(global_pool: str, class_token: bool) -> None:

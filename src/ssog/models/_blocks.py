@@ -14,6 +14,7 @@ OPS: tuple[str, ...] = ("mha", "ssog")
 #: Keyword arguments of :class:`~ssog.layers.SSoGAttention` a model forwards to it.
 SSOG_OPTIONS: tuple[str, ...] = (
     "num_atoms", "sigma_min", "steer", "steer_radius", "steer_gate_init", "backend",
+    "centre_init", "centre_radius", "width_init",
 )
 
 

@@ -1,6 +1,7 @@
 """Discrete family: a stack of ``depth`` pre-norm blocks (timm's ViT with a choice of mixer)."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 from torch import Tensor, nn
@@ -31,6 +32,13 @@ class ViT(ViTBase):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
+        if self.op == "ssog" and self.global_pool == "token":
+            warnings.warn(
+                "an SSoG ViT pooled by its class token never trains the last block's kernels "
+                "(the class token reads only the mean of the patch values); global_pool='avg' "
+                "without a class token is the SSoG default (docs/results/accuracy.md)",
+                stacklevel=2,
+            )
         block_args = self._block_args()
         self.blocks = nn.ModuleList(
             Block(**block_args, drop_path=rate)

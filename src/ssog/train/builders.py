@@ -8,7 +8,9 @@ import timm
 import torch
 from torch.utils.data import DataLoader
 
-from ssog.data import DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform
+from ssog.data import (
+    DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, training_subset,
+)
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
@@ -36,6 +38,8 @@ def _datasets(cfg: TrainConfig, ctx: DistContext):
             split_seed=cfg.split_seed, synthetic_size=cfg.synthetic_size,
             synthetic_classes=cfg.synthetic_classes, synthetic_img_size=cfg.img_size or 32,
         )
+        if cfg.train_subset is not None:
+            train = training_subset(train, cfg.train_subset, cfg.split_seed)
         return train, val, info if cfg.crop_pct is None else dataclasses.replace(info, crop_pct=cfg.crop_pct)
 
     if cfg.download and ctx.distributed:  # one process downloads, the others wait and read

@@ -12,6 +12,7 @@ A run from a recipe writes to ``runs/<recipe file stem>/<variant>`` unless ``out
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ __all__ = ["TrainConfig", "load_recipe", "recipe_variants", "resolve_config", "p
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
 # digits then train several times slower.
 DEFAULT_MODEL = "ssog_vit_digits_patch2_8"
+# Data sources generated in memory, which ignore data_dir.
+_BUILT_IN_DATA = ("digits", "synthetic")
 
 
 @dataclass
@@ -47,6 +50,9 @@ class TrainConfig:
     img_size: int | None = None  # None: the data set's native size
     val_split: float | int | None = None  # None: the data set's own validation split
     split_seed: int = 0
+    # train on a seeded, stratified subset of this many training images (the validation split is
+    # untouched; seeded by split_seed): the small-data regime where a spatial prior should pay
+    train_subset: int | None = None
     crop_pct: float | None = None  # evaluation centre-crop fraction (None: the data set's)
     synthetic_size: int = 256
     synthetic_classes: int = 10
@@ -92,12 +98,26 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that is out of range."""
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"bad training config: {item.name} must be a finite number, got {value}")
         checks = [
             (self.epochs >= 1, "epochs must be >= 1"),
+            (self.img_size is None or self.img_size >= 1, "img_size must be >= 1 (pixels) or null"),
+            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
+            (self.split_seed >= 0, f"split_seed must be >= 0, got {self.split_seed}"),
             (self.crop_pct is None or 0 < self.crop_pct <= 1, "crop_pct must be in (0, 1] or null"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.train_subset is None or self.train_subset >= 1, "train_subset must be >= 1 or null"),
             (self.lr > 0, "lr must be > 0"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.warmup_epochs >= 0, "warmup_epochs must be >= 0"),
+            (self.warmup_lr >= 0 and self.min_lr >= 0, "warmup_lr and min_lr must be >= 0"),
+            (self.clip_grad is None or self.clip_grad > 0, "clip_grad must be > 0 or null (no clipping)"),
+            (all(a is None or a >= 0 for a in (self.mixup, self.cutmix)), "mixup and cutmix must be >= 0 or null"),
+            (self.synthetic_size >= 1 and self.synthetic_classes >= 2,
+             "synthetic_size must be >= 1 and synthetic_classes >= 2"),
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: epoch ends only)"),
             (self.num_workers >= 0, "num_workers must be >= 0"),
             (self.threads is None or self.threads >= 1, "threads must be >= 1 or null (torch's default)"),
@@ -107,6 +127,9 @@ class TrainConfig:
             (0 <= self.drop_path < 1, "drop_path must be in [0, 1)"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (isinstance(self.model_kwargs, dict), "model_kwargs must be a mapping"),
+            (self.data_dir is None or self.dataset not in _BUILT_IN_DATA,
+             f"data_dir is set but dataset {self.dataset!r} reads no files; choose dataset imagefolder, "
+             "cifar10 or cifar100 (or give data_dir without a dataset to infer it)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -170,7 +193,10 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"config file {path} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping of settings, got {type(data).__name__}")
     return data
@@ -201,7 +227,17 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise ValueError(f"override {text!r} must look like key=value (e.g. model_kwargs.depth=6)")
-    return key.strip(), yaml.safe_load(value)
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise ValueError(f"override {text!r}: the value is not valid YAML ({_yaml_problem(error)})") from None
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """One line from a YAML error: what went wrong and where (yaml's own text spans lines)."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def resolve_config(
@@ -230,11 +266,22 @@ def resolve_config(
     for key, value in overrides:
         head, _, rest = key.partition(".")
         values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
+    if values.get("data_dir") is not None and "dataset" not in values:
+        values["dataset"] = infer_dataset(values["data_dir"])
     if recipe is not None and values.get("output") is None:
         # A fixed place per recipe and variant, so that recipes can name each other's
         # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
         values["output"] = str(Path("runs") / Path(recipe).stem / (variant or "run"))
     return TrainConfig.from_dict(values)
+
+
+def infer_dataset(data_dir: str | Path) -> str:
+    """The data source a ``data_dir`` given without a dataset holds: CIFAR when it contains
+    torchvision's CIFAR folder, else an ImageFolder tree (checked when it is read)."""
+    for name, folder in (("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python")):
+        if (Path(data_dir) / folder).is_dir():
+            return name
+    return "imagefolder"
 
 
 def _nest(dotted: str, value: Any) -> dict[str, Any]:
