@@ -10,7 +10,7 @@ from ssog.ops import choose_backend, forced_backend, gaussian_rows, ssog_matrix,
 
 GRIDS = [(5, 7), (4, 4), (1, 6), (6, 1)]
 FIXED_BACKENDS = ["dense", "separable", "local", "auto"]
-STEERED_BACKENDS = ["dense", "separable", "auto"]
+STEERED_BACKENDS = ["dense", "separable", "local", "auto"]
 # The local backend truncates kernels at a relative tolerance; with a tolerance far below
 # the precision of the comparison it must be exact (its truncation logic still runs).
 EXACT_LOCAL = 1e-30
@@ -150,6 +150,75 @@ def test_local_backend_error_is_bounded_by_its_tolerance():
         assert (out - expected).abs().max().item() <= tolerance * 256 * v.abs().max().item()
 
 
+def narrow_steered_params(batch: int, heads: int, grid: tuple[int, int], atoms: int, seed: int = 4):
+    """Steered kernels a few tokens wide and off-centre by up to 3 tokens, so that the
+    windowed path's key boxes are smaller than the grid."""
+    g = torch.Generator().manual_seed(seed)
+    n = grid[0] * grid[1]
+    mu = 3.0 * torch.tanh(torch.randn(batch, heads, n, atoms, 2, generator=g, dtype=torch.float64))
+    sigma = 0.3 + 0.7 * torch.rand(batch, heads, n, atoms, 2, generator=g, dtype=torch.float64)
+    weight = torch.randn(batch, heads, n, atoms, generator=g, dtype=torch.float64).softmax(-1)
+    return mu, sigma, weight
+
+
+@pytest.mark.parametrize("tile", [3, 8])
+def test_windowed_steered_error_is_bounded_by_its_tolerance(tile, monkeypatch):
+    from ssog.ops import backends
+
+    monkeypatch.setattr(backends, "STEERED_TILE", tile)
+    grid = (26, 21)
+    params = narrow_steered_params(1, 2, grid, 3)
+    v = values(1, 2, 26 * 21, 4)
+    expected = ssog_matrix(*params, grid) @ v
+    for tolerance in (1e-3, 1e-6, 1e-9):
+        tiles = backends.steered_tiles(backends.steered_windows(*params[:2], grid, tolerance), tile)
+        assert backends.steered_local_cost(tiles) < (26 * 21) ** 2  # keys really are skipped
+        out = ssog_mix(v, *params, grid, backend="local", local_tolerance=tolerance)
+        # per axis the dropped mass is < tolerance * L; renormalising moves as much again
+        assert (out - expected).abs().max().item() <= 2 * tolerance * (26 + 21) * v.abs().max().item()
+
+
+def test_windowed_steered_keeps_the_border_key_of_centres_far_outside():
+    grid = (9, 10)
+    mu, sigma, weight = narrow_steered_params(1, 2, grid, 2)
+    mu[..., 0, 0] = 50.0  # atom 0: far below the grid, narrow: all its y mass on the last row
+    mu[..., 0, 1] = -50.0
+    sigma[..., 0, :] = 0.25
+    v = values(1, 2, 90, 3)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    out = ssog_mix(v, mu, sigma, weight, grid, backend="local", local_tolerance=1e-6)
+    assert (out - expected).abs().max().item() <= 2e-6 * 19 * v.abs().max().item()
+
+
+def test_windowed_steered_gradcheck_with_truncated_windows(monkeypatch):
+    from ssog.ops import backends
+
+    monkeypatch.setattr(backends, "STEERED_TILE", 2)
+    grid = (4, 4)
+    mu, sigma, weight = narrow_steered_params(1, 1, grid, 1, seed=5)
+    mu, sigma, weight = (t.requires_grad_() for t in (0.2 * mu, 0.5 * sigma, weight))
+    v = values(1, 1, 16, 2).requires_grad_()
+    tiles = backends.steered_tiles(backends.steered_windows(mu, sigma, grid, 1e-2), 2)
+    assert backends.steered_local_cost(tiles) < 16**2
+    assert torch.autograd.gradcheck(
+        lambda *a: ssog_mix(*a, grid, backend="local", local_tolerance=1e-2), (v, mu, sigma, weight)
+    )
+
+
+def test_auto_takes_the_windowed_steered_path_only_when_cheaper(monkeypatch):
+    from ssog.ops import backends
+
+    taken = []
+    monkeypatch.setattr(backends, "steered_local", lambda v, *a: taken.append("local") or torch.zeros_like(v))
+    monkeypatch.setattr(backends, "steered_mix", lambda v, *a, **k: taken.append("dense") or torch.zeros_like(v))
+    v = torch.zeros(2, 6, 48 * 48, 64)
+    narrow = [t.float() for t in narrow_steered_params(2, 6, (48, 48), 4)]
+    ssog_mix(v, *narrow, (48, 48))
+    wide = (narrow[0], narrow[1] + 30.0, narrow[2])  # kernels spanning the grid: whole rows
+    ssog_mix(v, *wide, (48, 48))
+    assert taken == ["local", "dense"]
+
+
 # ---------------------------------------------------------------------------- gradients
 def assert_gradients_match_dense_path(params, v, grid, backend):
     inputs = (v, *params)
@@ -281,9 +350,6 @@ BAD_INPUTS = [
     ("sigma_negative", dict(sigma=-torch.ones(2, 3, 2)), "sigma must be > 0"),
     ("backend", dict(backend="flash"), "unknown backend"),
     ("tolerance", dict(local_tolerance=0.0), "local_tolerance"),
-    ("steered_local", dict(
-        mu=torch.zeros(1, 2, 20, 3, 2), sigma=torch.ones(1, 2, 20, 3, 2), weight=torch.ones(1, 2, 20, 3),
-        backend="local"), "fixed kernels only"),
     ("steered_batch", dict(
         mu=torch.zeros(3, 2, 20, 3, 2), sigma=torch.ones(3, 2, 20, 3, 2), weight=torch.ones(3, 2, 20, 3)), "(B, H)"),
 ]

@@ -17,7 +17,10 @@ Query-steered kernels differ per query, so they are built and applied in query c
 """
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -29,6 +32,10 @@ from .kernels import query_positions, steered_axis_kernels
 SEPARABLE_BLOCK_BYTES = 4 * 2**20
 #: Bytes of kernel rows one query chunk of the steered path may materialise.
 STEERED_CHUNK_BYTES = 64 * 2**20
+#: Side (queries) of the square query tiles of the windowed steered path: each tile reads
+#: the union of its queries' key windows, so smaller tiles read fewer keys per query but
+#: pay Python and GEMM overhead more often.
+STEERED_TILE = 8
 #: Default tolerance of the local backend: keys whose kernel value is below this fraction
 #: of the row's peak are dropped (and the row renormalised).
 LOCAL_TOLERANCE = 1e-6
@@ -182,12 +189,22 @@ def steered_mix(
     atoms = mu.shape[-2]
     dtype = mu.dtype
     query_y, query_x = query_positions(grid_size, v.device)
-    if separable:
-        values = v.view(batch, heads, rows, cols, dim).transpose(2, 3).reshape(batch, heads, cols, rows * dim)
-        per_query = batch * heads * atoms * rows * dim
-    else:
-        values = v
-        per_query = batch * heads * n
+    if not separable:
+        chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (batch * heads * n * torch.finfo(dtype).bits // 8))
+        grid_values = v.view(batch, heads, rows, cols, dim)
+        full = (0, rows, 0, cols)
+        outputs = [
+            _checkpointed(
+                _steered_tile, grid_values, mu[:, :, q0 : q0 + chunk], sigma[:, :, q0 : q0 + chunk],
+                weight[:, :, q0 : q0 + chunk], query_y[q0 : q0 + chunk], query_x[q0 : q0 + chunk], full,
+                several=chunk < n,
+            )
+            for q0 in range(0, n, chunk)
+        ]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+    values = v.view(batch, heads, rows, cols, dim).transpose(2, 3).reshape(batch, heads, cols, rows * dim)
+    per_query = batch * heads * atoms * rows * dim
     chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (per_query * torch.finfo(dtype).bits // 8))
 
     def mix_chunk(values: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, q0: int) -> Tensor:
@@ -197,23 +214,155 @@ def steered_mix(
         ky = (ky * weight.unsqueeze(-1)).to(v.dtype)  # (B, H, Q, R, Hg)
         kx = kx.to(v.dtype)  # (B, H, Q, R, Wg)
         queries = ky.shape[2]
-        if separable:
-            # x first: [(q, r), x] @ [x, (y, d)] -> per query [(r, y), d], then y and atoms.
-            partial = torch.matmul(kx.reshape(batch, heads, queries * atoms, cols), values)
-            partial = partial.view(batch, heads, queries, atoms * rows, dim)
-            return torch.matmul(ky.reshape(batch, heads, queries, 1, atoms * rows), partial).squeeze(3)
-        rows_of_a = torch.matmul(ky.transpose(-1, -2), kx)  # (B, H, Q, Hg, Wg), summed over atoms
-        return torch.matmul(rows_of_a.view(batch, heads, queries, n), values)
+        # x first: [(q, r), x] @ [x, (y, d)] -> per query [(r, y), d], then y and atoms.
+        partial = torch.matmul(kx.reshape(batch, heads, queries * atoms, cols), values)
+        partial = partial.view(batch, heads, queries, atoms * rows, dim)
+        return torch.matmul(ky.reshape(batch, heads, queries, 1, atoms * rows), partial).squeeze(3)
 
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (v, mu, sigma, weight))
-    outputs = []
-    for q0 in range(0, n, chunk):
-        args = (values, mu[:, :, q0 : q0 + chunk], sigma[:, :, q0 : q0 + chunk], weight[:, :, q0 : q0 + chunk], q0)
-        if needs_grad and chunk < n:
-            outputs.append(checkpoint(mix_chunk, *args, use_reentrant=False))
-        else:
-            outputs.append(mix_chunk(*args))
+    outputs = [
+        _checkpointed(
+            mix_chunk, values, mu[:, :, q0 : q0 + chunk], sigma[:, :, q0 : q0 + chunk],
+            weight[:, :, q0 : q0 + chunk], q0, several=chunk < n,
+        )
+        for q0 in range(0, n, chunk)
+    ]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def _checkpointed(fn, *args, several: bool) -> Tensor:
+    """``fn(*args)``, recomputed in the backward pass when it is one of several chunks that
+    need gradients (activation checkpointing: only one chunk's rows are alive at a time)."""
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    if several and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _steered_tile(
+    grid_values: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    query_y: Tensor,
+    query_x: Tensor,
+    box: tuple[int, int, int, int],
+) -> Tensor:
+    """Steered mixing of ``Q`` queries over the keys of one box of the grid.
+
+    ``grid_values (B, H, Hg, Wg, d)``; ``mu, sigma (B, H, Q, R, 2)``, ``weight (B, H, Q, R)``;
+    ``query_y, query_x (Q,)`` the queries' positions; ``box = (y0, y1, x0, x1)`` the key rows
+    and columns read. Each 1-D kernel is a softmax over the box's keys, i.e. the exact kernel
+    renormalised to the box (exact when the box is the whole grid). Returns ``(B, H, Q, d)``:
+    each query's row of ``A`` over the box (``R`` outer products), times the box's values.
+    """
+    y0, y1, x0, x1 = box
+    batch, heads, queries, _ = weight.shape
+    ky = steered_axis_kernels(mu[..., 0], sigma[..., 0], query_y - y0, y1 - y0) * weight.unsqueeze(-1)
+    kx = steered_axis_kernels(mu[..., 1], sigma[..., 1], query_x - x0, x1 - x0)
+    rows_of_a = torch.matmul(ky.transpose(-1, -2).to(grid_values.dtype), kx.to(grid_values.dtype))
+    keys = grid_values[:, :, y0:y1, x0:x1].reshape(batch, heads, -1, grid_values.shape[-1])
+    return torch.matmul(rows_of_a.view(batch, heads, queries, -1), keys)
+
+
+def steered_reach(sigma: Tensor, tolerance: float) -> Tensor:
+    """Distance (tokens) from a kernel's clamped centre beyond which its keys weigh less than
+    ``tolerance`` times the row's peak: ``sqrt(2 sigma^2 ln(1/tolerance) + 1/4)``.
+
+    Why it suffices: let ``c`` be the centre and ``j*`` the key nearest to it (the peak).
+    Inside the grid ``|j* - c| <= 1/2``, so a key with ``|j - c| > D`` has
+    ``(j - c)^2 - (j* - c)^2 > D^2 - 1/4 = 2 sigma^2 ln(1/tolerance)``. Outside (say
+    ``c < 0``, ``j* = 0``) the clamped centre is ``0`` and ``(j - c)^2 - c^2 >= j^2 > D^2``.
+    """
+    return (2.0 * math.log(1.0 / tolerance) * sigma.square() + 0.25).sqrt()
+
+
+def steered_windows(mu: Tensor, sigma: Tensor, grid_size: tuple[int, int], tolerance: float) -> Tensor:
+    """Per query, the box of keys that holds every atom's kernel mass up to ``tolerance``.
+
+    ``mu, sigma (B, H, N, R, 2)``. Derived from the tensors themselves (any centre, any
+    width), over batch, heads and atoms: keys outside the box weigh less than ``tolerance``
+    times their row's peak in every kernel of the query (:func:`steered_reach`).
+
+    Returns ``(4, Hg, Wg)`` int64: first key row, last key row + 1, first key column, last
+    key column + 1. A kernel whose reach spans the grid gets the whole axis.
+    """
+    rows, cols = grid_size
+    with torch.no_grad():
+        query_y, query_x = query_positions(grid_size, mu.device)
+        queries = torch.stack([query_y, query_x], dim=-1).to(mu.dtype)  # (N, 2)
+        last = torch.tensor([rows - 1, cols - 1], device=mu.device, dtype=mu.dtype)
+        # The clamped centre lies between the query and its centre, so a centre far outside
+        # the grid still keeps the border key nearest to it.
+        centre = torch.minimum((queries[:, None, :] + mu).clamp_min(0), last)
+        reach = steered_reach(sigma, tolerance)
+        first = (centre - reach).floor().clamp_min(0).amin(dim=(0, 1, 3))  # (N, 2)
+        end = torch.minimum((centre + reach).ceil() + 1, last + 1).amax(dim=(0, 1, 3))
+        return torch.stack([first[:, 0], end[:, 0], first[:, 1], end[:, 1]]).long().view(4, rows, cols)
+
+
+def steered_tiles(windows: Tensor, tile: int) -> list[tuple[tuple[int, int, int, int], tuple[int, int, int, int]]]:
+    """Square tiles of queries and the key box each reads: ``[(query box, key box), ...]``.
+
+    ``windows (4, Hg, Wg)`` from :func:`steered_windows`; a tile's key box is the union of
+    its queries' boxes. Boxes are ``(y0, y1, x0, x1)``, row-major over tiles.
+    """
+    _, rows, cols = windows.shape
+    ty, tx = min(tile, rows), min(tile, cols)
+    low = -F.max_pool2d(-windows[[0, 2]].float().unsqueeze(0), (ty, tx), ceil_mode=True)[0]
+    high = F.max_pool2d(windows[[1, 3]].float().unsqueeze(0), (ty, tx), ceil_mode=True)[0]
+    boxes = torch.stack([low[0], high[0], low[1], high[1]], dim=-1).long().tolist()
+    tiles = []
+    for i, y0 in enumerate(range(0, rows, ty)):
+        for j, x0 in enumerate(range(0, cols, tx)):
+            tiles.append(((y0, min(rows, y0 + ty), x0, min(cols, x0 + tx)), tuple(boxes[i][j])))
+    return tiles
+
+
+def steered_local(
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    tiles: list[tuple[tuple[int, int, int, int], tuple[int, int, int, int]]],
+) -> Tensor:
+    """Windowed steered mixing: each tile of queries reads only its key box.
+
+    ``tiles`` from :func:`steered_tiles`. Per query, every atom's 1-D kernels are
+    renormalised to the tile's box; keys outside it weigh less than the tolerance times
+    their row's peak, so (with weights summing to 1) an output differs from the exact one
+    by less than ``2 * tolerance * (Hg + Wg) * max|v|``: per axis the dropped mass is below
+    ``tolerance * L``, and renormalising moves the kept mass by as much again.
+    Cost per query: the box's area times ``R + d``, instead of ``N (R + d)``.
+    """
+    batch, heads, n, dim = v.shape
+    rows, cols = grid_size
+    atoms = mu.shape[-2]
+    grid_values = v.view(batch, heads, rows, cols, dim)
+    grid_mu = mu.view(batch, heads, rows, cols, atoms, 2)
+    grid_sigma = sigma.view(batch, heads, rows, cols, atoms, 2)
+    grid_weight = weight.view(batch, heads, rows, cols, atoms)
+    query_y, query_x = (p.view(rows, cols) for p in query_positions(grid_size, v.device))
+    several = len(tiles) > 1
+    tile_rows: list[list[Tensor]] = []
+    for (y0, y1, x0, x1), box in tiles:
+        if x0 == 0:
+            tile_rows.append([])
+
+        def flat(t: Tensor) -> Tensor:
+            return t[:, :, y0:y1, x0:x1].flatten(2, 3)
+
+        out = _checkpointed(
+            _steered_tile, grid_values, flat(grid_mu), flat(grid_sigma), flat(grid_weight),
+            query_y[y0:y1, x0:x1].flatten(), query_x[y0:y1, x0:x1].flatten(), box, several=several,
+        )
+        tile_rows[-1].append(out.view(batch, heads, y1 - y0, x1 - x0, dim))
+    return torch.cat([torch.cat(row, dim=3) for row in tile_rows], dim=2).view(batch, heads, n, dim)
+
+
+def steered_local_cost(tiles: list[tuple[tuple[int, int, int, int], tuple[int, int, int, int]]]) -> int:
+    """Query-key pairs the windowed path visits (``N^2`` for the dense steered path)."""
+    return sum((y1 - y0) * (x1 - x0) * (b1 - b0) * (c1 - c0) for (y0, y1, x0, x1), (b0, b1, c0, c1) in tiles)
 
 
 def steered_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
@@ -230,7 +379,12 @@ __all__ = [
     "fixed_dense",
     "fixed_separable",
     "key_row_spans",
+    "steered_local",
+    "steered_local_cost",
     "steered_matrix",
     "steered_mix",
+    "steered_reach",
+    "steered_tiles",
+    "steered_windows",
     "truncate_kernels",
 ]

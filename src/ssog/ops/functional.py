@@ -73,11 +73,14 @@ def ssog_mix(
         v: ``(B, H, N, d)`` patch values (any float dtype; kernels are built in fp32).
         mu, sigma, weight: fixed or steered mixture parameters (module docstring).
         grid_size: ``(Hg, Wg)`` with ``Hg * Wg == N``.
-        backend: ``"dense"``, ``"separable"``, ``"local"`` (fixed kernels only) or
-            ``"auto"`` (cost model, :func:`choose_backend`).
+        backend: ``"dense"``, ``"separable"``, ``"local"`` or ``"auto"`` (cost model,
+            :func:`choose_backend`; for steered kernels it also weighs the windowed
+            ``local`` path, from the key windows of the given ``mu`` and ``sigma``).
         local_tolerance: the local backend drops keys whose kernel value is below this
             fraction of their row's peak and rescales each row to its sum; an output then
-            differs from the exact one by at most ``local_tolerance * N * max|v|``.
+            differs from the exact one by at most ``local_tolerance * N * max|v|`` (fixed
+            kernels) or ``2 * local_tolerance * (Hg + Wg) * max|v|`` (steered kernels whose
+            weights sum to 1; see :func:`ssog.ops.backends.steered_local`).
 
     Returns:
         ``(B, H, N, d)`` in the dtype of ``v``.
@@ -112,11 +115,9 @@ def mix(
     """``ssog_mix`` without input validation, for callers whose shapes hold by construction."""
     steered = mu.dim() == 5
     backend = _forced.get() or backend
-    if backend == "auto":
+    if backend == "auto" and not steered:
         requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (v, mu, sigma, weight))
         backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad)
-    if steered and backend == "local":
-        raise ValueError("the local backend supports fixed kernels only; use dense or separable")
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
     # Kernels stay in fp32 under autocast; contractions run in the dtype of v.
     autocast_off = (
@@ -126,7 +127,7 @@ def mix(
     )
     with autocast_off:
         if steered:
-            return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=backend == "separable")
+            return _steered(v, mu, sigma, weight, grid_size, backend, local_tolerance)
         ky, kx = _fixed_kernels(mu, sigma, weight, grid_size)
         if backend == "dense":
             return backends.fixed_dense(v, ky, kx)
@@ -135,6 +136,40 @@ def mix(
         ky = backends.truncate_kernels(ky, local_tolerance)
         kx = backends.truncate_kernels(kx, local_tolerance)
         return backends.fixed_separable(v, ky, kx, key_rows=backends.key_row_spans(ky))
+
+
+def _steered(
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], backend: str, tolerance: float
+) -> Tensor:
+    """Steered mixing; ``auto`` measures the key windows of these parameters and takes the
+    windowed (``local``) path when its tiles are cheaper than whole rows of ``A``."""
+    if backend == "separable":
+        return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
+    if backend == "local" or (backend == "auto" and v.device.type != "meta"):
+        windows = backends.steered_windows(mu, sigma, grid_size, tolerance)
+        tiles = backends.steered_tiles(windows, backends.STEERED_TILE)
+        if backend == "local" or _windowed_is_cheaper(tiles, v.shape, mu.shape[-2]):
+            return backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
+    return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=False)
+
+
+#: Multiply-adds one tile of the windowed steered path costs beyond its arithmetic (Python
+#: dispatch, gathering the tile's parameters and key box): about 0.1 ms at 50 GMAC/s. An
+#: estimate, not yet fitted to ``ssog bench-op --steered`` measurements.
+STEERED_TILE_OVERHEAD_MACS = 5_000_000
+
+
+def _windowed_is_cheaper(
+    tiles: list[tuple[tuple[int, int, int, int], tuple[int, int, int, int]]],
+    value_shape: torch.Size | tuple[int, ...],
+    num_atoms: int,
+) -> bool:
+    """Windowed steered cost (query-key pairs its tiles visit, plus per-tile overhead)
+    against building and applying every query's whole row of ``A`` (``N^2`` pairs)."""
+    batch, heads, n, dim = value_shape
+    per_pair = batch * heads * (dim + num_atoms)
+    windowed = backends.steered_local_cost(tiles) * per_pair + len(tiles) * STEERED_TILE_OVERHEAD_MACS
+    return windowed < n * n * per_pair
 
 
 def choose_backend(
@@ -156,9 +191,10 @@ def choose_backend(
       for the forward pass, 2.6 with autograd (its backward is more small GEMMs). On
       accelerators, where launch latency dominates small GEMMs, 3.0 (not yet measured).
 
-    Dense is only considered while ``A`` stays small (16 MiB). Steered kernels always use
-    ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable contraction
-    ``R N (Wg + 1) d``.
+    Dense is only considered while ``A`` stays small (16 MiB). From shapes alone, steered
+    kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
+    contraction ``R N (Wg + 1) d``. (``ssog_mix`` with ``auto`` then checks the windowed
+    ``local`` path against it, which needs the parameters' values.)
     """
     if steered:
         return "dense"
