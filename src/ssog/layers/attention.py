@@ -1,6 +1,7 @@
 """``MultiHeadAttention``: the dense baseline on fused scaled-dot-product attention."""
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -23,15 +24,18 @@ class MultiHeadAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         num_prefix_tokens: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        dd = {"device": device, "dtype": dtype}
         if dim <= 0 or num_heads <= 0 or dim % num_heads:
             raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.num_prefix_tokens = num_prefix_tokens
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
         self.attn_drop = attn_drop
-        self.proj = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def _qkv(self, x: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:

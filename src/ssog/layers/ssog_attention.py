@@ -99,6 +99,8 @@ class SSoGAttention(nn.Module):
         sigma_min: width floor in tokens (> 0). backend: see :func:`ssog.ops.ssog_mix`.
         centre_init, centre_radius, width_init: kernel initialisation, see above.
         qkv_bias: bias of the value projection (named for drop-in use with timm blocks).
+        device, dtype: where and in which dtype the parameters are created (timm's factory
+            arguments; ``device="meta"`` allocates nothing).
     """
 
     def __init__(
@@ -117,8 +119,11 @@ class SSoGAttention(nn.Module):
         centre_init: str = "ring",
         centre_radius: float = 1.0,
         width_init: str = "ladder",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        dd = {"device": device, "dtype": dtype}
         if dim <= 0 or num_heads <= 0 or dim % num_heads:
             raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
         if num_atoms < 1:
@@ -144,24 +149,25 @@ class SSoGAttention(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.backend = backend
 
-        self.v = nn.Linear(dim, dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
         if not centre_radius >= 0:
             raise ValueError(f"centre_radius must be >= 0 (tokens), got {centre_radius}")
         widths = initial_widths(num_heads, num_atoms, width_init).clamp_min(self.sigma_min + 0.05)
-        self.mu = nn.Parameter(initial_centres(num_heads, num_atoms, centre_init, centre_radius))
+        self.mu = nn.Parameter(initial_centres(num_heads, num_atoms, centre_init, centre_radius).to(**dd))
         rho = _inverse_softplus(widths - self.sigma_min)
-        self.rho = nn.Parameter(rho.unsqueeze(-1).repeat(1, 1, 2))
-        self.logits = nn.Parameter(torch.zeros(num_heads, num_atoms))
+        self.rho = nn.Parameter(rho.unsqueeze(-1).repeat(1, 1, 2).to(**dd))
+        self.logits = nn.Parameter(torch.zeros(num_heads, num_atoms, **dd))
 
         components = {"mu": 2, "sigma": 2, "lambda": 1}
         self.steer_proj = nn.ModuleDict(
-            {name: nn.Linear(dim, num_heads * num_atoms * components[name], bias=False) for name in self.steer}
+            {name: nn.Linear(dim, num_heads * num_atoms * components[name], bias=False, **dd)
+             for name in self.steer}
         )
         self.steer_gate = nn.ParameterDict(
-            {name: nn.Parameter(torch.full((num_heads,), float(steer_gate_init))) for name in self.steer}
+            {name: nn.Parameter(torch.full((num_heads,), float(steer_gate_init), **dd)) for name in self.steer}
         )
 
     # ------------------------------------------------------------------ parameters

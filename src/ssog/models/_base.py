@@ -9,12 +9,13 @@ A family only says how the tokens are mixed: :meth:`ViTBase.forward_tokens` and
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
-from timm.layers import PatchEmbed, resample_abs_pos_embed, to_2tuple, trunc_normal_
+from timm.layers import PatchEmbed, get_device_dtype, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
 
 from ..layers import SSoGAttention
 from ._blocks import resolve_mixer_args
@@ -82,8 +83,11 @@ class ViTBase(nn.Module):
         centre_init: str | None = None,
         centre_radius: float | None = None,
         width_init: str | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        dd = {"device": device, "dtype": dtype}
         global_pool, class_token = _pool_layout(op, global_pool, class_token)
         _check_pool(global_pool, class_token)
         if embed_dim % num_heads:
@@ -111,15 +115,18 @@ class ViTBase(nn.Module):
         # NHWC output: the grid size is read off the embedded tensor, so any input size works.
         self.patch_embed = PatchEmbed(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
-            strict_img_size=False, output_fmt="NHWC",
+            strict_img_size=False, output_fmt="NHWC", **dd,
         )
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd)) if class_token else None
         self.pos_embed = nn.Parameter(
-            torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim)
+            torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim, **dd)
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        # Run checkpoints (`model/<name>` keys) load through load_state_dict, hence through
+        # timm.create_model(checkpoint_path=...) too.
+        self.register_load_state_dict_pre_hook(_load_run_checkpoint)
 
     # ------------------------------------------------------------------ construction helpers
     def _block_args(self) -> dict[str, Any]:
@@ -127,7 +134,7 @@ class ViTBase(nn.Module):
         return dict(
             dim=self.embed_dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio, op=self.op,
             num_prefix_tokens=self.num_prefix_tokens, qkv_bias=self.qkv_bias,
-            proj_drop=self.proj_drop_rate, ssog_args=self.ssog_args,
+            proj_drop=self.proj_drop_rate, ssog_args=self.ssog_args, **get_device_dtype(self),
         )
 
     def init_weights(self) -> None:
@@ -282,11 +289,43 @@ class ViTBase(nn.Module):
             _check_pool(global_pool, self.has_class_token)
             self.global_pool = global_pool
         self.num_classes = num_classes
-        device = self.pos_embed.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        dd = get_device_dtype(self)
+        self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
         if num_classes > 0:
             trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+
+    # ------------------------------------------------------------------ training utilities (timm)
+    #: Recompute each block application in the backward pass instead of storing its
+    #: activations (:meth:`set_grad_checkpointing`).
+    grad_checkpointing: bool = False
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing per block application: each block (discrete), each loop
+        iteration (looped) or each vector-field evaluation (continuous) keeps only its input
+        and is recomputed in the backward pass. Outputs and gradients are unchanged."""
+        self.grad_checkpointing = enable
+
+    def _maybe_checkpoint(self, function: Callable[..., Tensor], *args: Any) -> Tensor:
+        """``function(*args)``, under an activation checkpoint when checkpointing is on and
+        autograd is recording."""
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(function, *args)
+        return function(*args)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's parameter groups, from input to output (layer-wise lr decay, e.g.
+        ``timm.optim.create_optimizer_v2(model, layer_decay=0.75)``): the stem (patch and
+        position embedding, class token), then one group per block of the family
+        (:meth:`_block_groups`), then the head (what no pattern matches)."""
+        return dict(stem=r"^cls_token|^pos_embed|^patch_embed", blocks=self._block_groups())
+
+    def _block_groups(self) -> list[tuple[str, Any]]:
+        """``group_matcher``'s block patterns: ``(regex, suffix)`` as timm's."""
+        raise NotImplementedError
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -389,3 +428,28 @@ def _check_pool(global_pool: str, class_token: bool) -> None:
         raise ValueError(f"unknown global_pool {global_pool!r}: expected one of {GLOBAL_POOLS}")
     if global_pool == "token" and not class_token:
         raise ValueError("global_pool='token' needs class_token=True")
+
+
+#: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``).
+CHECKPOINT_MODEL_PREFIX = "model/"
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module | None = None) -> dict[str, Tensor]:
+    """The model weights of an ssog run checkpoint (``RUN/best.safetensors``, ``last``) as a
+    plain state dict: its ``model/<name>`` entries without the prefix; the other entries
+    (optimizer, EMA, RNG states) are dropped. A plain state dict passes unchanged.
+    timm's ``pretrained_filter_fn`` (``pretrained_cfg_overlay=dict(file=...)``)."""
+    if not any(key.startswith(CHECKPOINT_MODEL_PREFIX) for key in state_dict):
+        return state_dict
+    return {
+        key[len(CHECKPOINT_MODEL_PREFIX):]: value for key, value in state_dict.items()
+        if key.startswith(CHECKPOINT_MODEL_PREFIX)
+    }
+
+
+def _load_run_checkpoint(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: read a whole run checkpoint as its model weights."""
+    if prefix == "" and any(key.startswith(CHECKPOINT_MODEL_PREFIX) for key in state_dict):
+        weights = checkpoint_filter_fn(dict(state_dict))
+        state_dict.clear()
+        state_dict.update(weights)

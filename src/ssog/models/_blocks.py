@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from timm.layers import DropPath, Mlp
 
@@ -52,20 +53,23 @@ def create_mixer(
     qkv_bias: bool = True,
     proj_drop: float = 0.0,
     ssog_args: dict[str, Any] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Build the token mixer ``op`` (see :func:`resolve_mixer_args` for ``ssog_args``).
+    """Build the token mixer ``op`` (see :func:`resolve_mixer_args` for ``ssog_args``) with
+    its parameters on ``device`` in ``dtype``.
 
     Both mixers are called ``mixer(x, grid_size)`` with ``x (B, P + Hg*Wg, dim)``.
     """
     if op == "mha":
         return MultiHeadAttention(
             dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
-            num_prefix_tokens=num_prefix_tokens,
+            num_prefix_tokens=num_prefix_tokens, device=device, dtype=dtype,
         )
     if op == "ssog":
         return SSoGAttention(
             dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, **(ssog_args or {}),
+            proj_drop=proj_drop, device=device, dtype=dtype, **(ssog_args or {}),
         )
     raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
 
@@ -89,16 +93,19 @@ class Block(nn.Module):
         proj_drop: float = 0.0,
         drop_path: float = 0.0,
         ssog_args: dict[str, Any] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        dd = {"device": device, "dtype": dtype}
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
         self.attn = create_mixer(
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, ssog_args=ssog_args,
+            proj_drop=proj_drop, ssog_args=ssog_args, **dd,
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **dd)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:

@@ -16,6 +16,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
+from ._base import checkpoint_filter_fn
 from ._blocks import OPS
 
 _CIFAR10_MEAN, _CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -97,13 +98,15 @@ def register_family(module_name: str, model_cls: type[nn.Module]) -> None:
 
 def _entry_point(model_cls: type[nn.Module], name: str, preset_args: dict[str, Any]) -> Callable[..., nn.Module]:
     def entry(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        if pretrained:
+        overlay = kwargs.get("pretrained_cfg_overlay") or {}
+        if pretrained and not (overlay.get("file") or overlay.get("state_dict")):
             raise ValueError(
-                f"{name} has no pretrained weights; train one with `ssog train` and load it "
-                "with checkpoint_path="
+                f"{name} has no pretrained weights; train one with `ssog train` and load it with "
+                "checkpoint_path='RUN/best.safetensors' or "
+                "pretrained=True, pretrained_cfg_overlay=dict(file='RUN/best.safetensors')"
             )
         return build_model_with_cfg(
-            model_cls, name, pretrained=False,
+            model_cls, name, pretrained=pretrained, pretrained_filter_fn=checkpoint_filter_fn,
             feature_cfg=dict(out_indices=3, feature_cls="getter"),
             **{**preset_args, **kwargs},
         )

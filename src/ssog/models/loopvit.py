@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from torch import Tensor
+from timm.models._features import feature_take_indices
 
 from ._base import ViTBase
 from ._blocks import Block
@@ -37,7 +38,7 @@ class LoopViT(ViTBase):
 
     def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         for _ in range(self.num_loops):
-            x = self.block(x, grid_size)
+            x = self._maybe_checkpoint(self.block, x, grid_size)
         return x
 
     @property
@@ -46,11 +47,23 @@ class LoopViT(ViTBase):
 
     def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
         for _ in range(last + 1):
-            x = self.block(x, grid_size)
+            x = self._maybe_checkpoint(self.block, x, grid_size)
             yield x
 
     def _feature_module(self, index: int) -> str:
         return "block"
+
+    def _block_groups(self) -> list[tuple[str, Any]]:
+        return [(r"^block\.", None)]  # the shared block: one group (the final norm goes with the head)
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True,
+    ) -> list[int]:
+        """As the base, and stop looping after the last requested iteration."""
+        _, max_index = feature_take_indices(self.num_intermediates, indices)
+        take = super().prune_intermediate_layers(indices, prune_norm, prune_head)
+        self.num_loops = max_index + 1
+        return take
 
 
 register_family(__name__, LoopViT)

@@ -16,12 +16,14 @@ Calling the vector field outside the model (e.g. to estimate its Lipschitz const
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 from timm.layers import DropPath, Mlp
+from timm.models._features import feature_take_indices
 from torchdiffeq import odeint, odeint_adjoint
+from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from ..layers import CenterNorm
 from ._base import ViTBase
@@ -82,18 +84,21 @@ class VectorField(nn.Module):
         drop_path: float = 0.0,
         ssog_args: dict[str, Any] | None = None,
         norm: str = "center",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        dd = {"device": device, "dtype": dtype}
         if norm not in FIELD_NORMS:
             raise ValueError(f"unknown field norm {norm!r}: expected one of {FIELD_NORMS}")
         self.dim = dim
-        self.norm = CenterNorm(dim) if norm == "center" else nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.norm = CenterNorm(dim) if norm == "center" else nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False, **dd)
         self.attn = create_mixer(
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, ssog_args=ssog_args,
+            proj_drop=proj_drop, ssog_args=ssog_args, **dd,
         )
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **dd)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, **dd))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.grid_size: tuple[int, int] | None = None
         self.nfe = 0
@@ -151,6 +156,8 @@ class OdeViT(ViTBase):
         self.field_norm = field_norm
         self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
         self.solver, self.steps = "euler", 12
+        #: The flow runs on ``[0, end_time]`` (1; less after :meth:`prune_intermediate_layers`).
+        self.end_time = 1.0
         self.rtol, self.atol, self.adjoint = rtol, atol, adjoint
         self.configure_solver(solver, nfe=nfe)
         #: Vector-field evaluations of the last forward pass.
@@ -217,7 +224,7 @@ class OdeViT(ViTBase):
     def _time_grid(self, func: Any, y0: Tensor, t: Tensor) -> Tensor:
         """torchdiffeq ``grid_constructor``: uniform steps of ``1/steps`` from ``t[0]`` to
         ``t[-1]`` (also for the adjoint's backward solves, interval by interval). When the
-        requested times already are those steps (:meth:`_states`), they are the grid."""
+        requested times already are those steps (:meth:`integrate`), they are the grid."""
         n = self._num_steps(t)
         if len(t) == n + 1:
             return t
@@ -228,37 +235,69 @@ class OdeViT(ViTBase):
     def _num_steps(self, t: Tensor) -> int:
         return max(1, round(abs(float(t[-1] - t[0])) * self.steps))
 
-    def integrate(self, x: Tensor, grid_size: tuple[int, int], t: Tensor) -> Tensor:
-        """Solve from ``x`` at ``t[0]``; return the states at every time of ``t``
-        ``(len(t), B, P + N, D)`` and record the evaluations in :attr:`nfe`."""
+    def integrate(self, x: Tensor, grid_size: tuple[int, int], num_steps: int | None = None) -> list[Tensor]:
+        """Flow the tokens ``x (B, P + N, D)`` from ``t = 0`` and record the evaluations in
+        :attr:`nfe`.
+
+        A fixed-step solver returns the state after each of the first ``num_steps`` steps
+        (default: every step up to :attr:`end_time`); an adaptive one returns ``[x(end_time)]``.
+        Fixed steps without the adjoint run as a loop over torchdiffeq's own step function,
+        which has no data-dependent branch, so ``torch.compile(fullgraph=True)`` and
+        ``torch.export`` trace it, and it runs on the meta device (FLOP counting);
+        ``odeint``'s bookkeeping compares time values and cannot be traced.
+        """
         self.field.grid_size = grid_size
         start = self.field.nfe
-        if x.device.type == "meta":
-            states = self._shape_only_solve(x, t)
+        if self.steps is None:
+            if x.device.type == "meta":
+                raise ValueError(
+                    f"the evaluations of the adaptive solver {self.solver!r} depend on the data; "
+                    "count on the meta device with a fixed-step solver"
+                )
+            states = [self._odeint(x, torch.tensor([0.0, self.end_time]))[-1]]
         else:
-            t = t.to(device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
-            solve = odeint_adjoint if self.adjoint else odeint
-            options = {"grid_constructor": self._time_grid} if self.steps else None
-            states = solve(self.field, x, t, method=self.solver, rtol=self.rtol, atol=self.atol, options=options)
+            num_steps = self.num_intermediates if num_steps is None else num_steps
+            if self.adjoint and x.device.type != "meta":
+                states = list(self._odeint(x, torch.arange(num_steps + 1) / self.steps)[1:])
+            else:
+                states = self._fixed_steps(x, num_steps)
         self.nfe = self.field.nfe - start
         return states
 
-    def _shape_only_solve(self, x: Tensor, t: Tensor) -> Tensor:
-        """Meta tensors carry shapes but no values, and torchdiffeq compares time values, so
-        on the meta device (FLOP counting) the field is evaluated exactly as often as the
-        fixed-step solver would (``t`` stays on the CPU), and the states keep their shape."""
-        if self.steps is None:
-            raise ValueError(
-                f"the evaluations of the adaptive solver {self.solver!r} depend on the data; "
-                "count on the meta device with a fixed-step solver"
+    def _field_function(self) -> Callable[[Tensor, Tensor], Tensor]:
+        """The field as the solvers call it: one activation checkpoint per evaluation when
+        grad checkpointing is on (:meth:`~ssog.models._base.ViTBase.set_grad_checkpointing`)."""
+        return lambda t, x, **_: self._maybe_checkpoint(self.field, t, x)
+
+    def _fixed_steps(self, x: Tensor, num_steps: int) -> list[Tensor]:
+        """States after each of ``num_steps`` steps of ``1/steps`` from ``t = 0``, stepped by
+        torchdiffeq's step function of the solver (``odeint``'s arithmetic exactly)."""
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        grid = torch.arange(num_steps + 1, dtype=dtype, device=x.device) / self.steps
+        stepper = _TORCHDIFFEQ_SOLVERS[self.solver](func=None, y0=x, atol=self.atol)
+        field, states = self._field_function(), []
+        for k in range(num_steps):
+            t0, t1 = grid[k], grid[k + 1]
+            dx, _ = stepper._step_func(field, t0, t1 - t0, t1, x)
+            x = x + dx
+            states.append(x)
+        return states
+
+    def _odeint(self, x: Tensor, t: Tensor) -> Tensor:
+        """torchdiffeq's ``odeint`` (or ``odeint_adjoint``): the states at the times ``t``."""
+        t = t.to(device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+        options = {"grid_constructor": self._time_grid} if self.steps else None
+        if self.adjoint:  # constant memory already: no checkpoints; the adjoint needs the module
+            return odeint_adjoint(
+                self.field, x, t, method=self.solver, rtol=self.rtol, atol=self.atol, options=options,
             )
-        time = torch.zeros((), device=x.device)
-        for _ in range(self._num_steps(t) * FIXED_SOLVERS[self.solver]):
-            x = x + self.field(time, x)
-        return x.unsqueeze(0).expand(len(t), *x.shape)
+        return odeint(
+            self._field_function(), x, t, method=self.solver, rtol=self.rtol, atol=self.atol,
+            options=options,
+        )
 
     def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        return self.integrate(x, grid_size, torch.tensor([0.0, 1.0]))[-1]
+        return self.integrate(x, grid_size)[-1]
 
     @property
     def num_intermediates(self) -> int:
@@ -266,11 +305,22 @@ class OdeViT(ViTBase):
             raise ValueError(
                 f"intermediate states are the steps of a fixed-step solver; {self.solver!r} is adaptive"
             )
-        return self.steps
+        return max(1, round(self.end_time * self.steps))
 
     def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
-        times = torch.arange(last + 2) / self.num_intermediates
-        yield from self.integrate(x, grid_size, times)[1:]
+        yield from self.integrate(x, grid_size, last + 1)
+
+    def _block_groups(self) -> list[tuple[str, Any]]:
+        return [(r"^field\.", None)]
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True,
+    ) -> list[int]:
+        """As the base, and end the flow at the last requested step (:attr:`end_time`)."""
+        _, max_index = feature_take_indices(self.num_intermediates, indices)
+        take = super().prune_intermediate_layers(indices, prune_norm, prune_head)
+        self.end_time = (max_index + 1) / self.steps
+        return take
 
     def _feature_module(self, index: int) -> str:
         return "field"

@@ -51,7 +51,7 @@ class ViT(ViTBase):
 
     def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         for block in self.blocks:
-            x = block(x, grid_size)
+            x = self._maybe_checkpoint(block, x, grid_size)
         return x
 
     @property
@@ -60,11 +60,14 @@ class ViT(ViTBase):
 
     def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
         for block in self.blocks[: last + 1]:
-            x = block(x, grid_size)
+            x = self._maybe_checkpoint(block, x, grid_size)
             yield x
 
     def _feature_module(self, index: int) -> str:
         return f"blocks.{index}"
+
+    def _block_groups(self) -> list[tuple[str, Any]]:
+        return [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]  # timm's VisionTransformer
 
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True,
