@@ -75,8 +75,12 @@ def test_ring_centres_point_in_every_direction():
     torch.testing.assert_close(mu.norm(dim=-1), torch.full((heads, atoms), 1.5))
     angles = torch.atan2(mu[..., 0], mu[..., 1]).flatten().remainder(2 * math.pi).sort().values
     torch.testing.assert_close(angles.diff(), torch.full((heads * atoms - 1,), 2 * math.pi / (heads * atoms)))
-    # each head's atoms spread around the circle: their mean is the ring's centre
-    torch.testing.assert_close(mu.mean(dim=1), torch.zeros(heads, 2), atol=1e-6, rtol=0)
+    # each head looks one way: its atoms fill the sector [2 pi h / H, 2 pi (h + 1) / H)
+    head_angles = torch.atan2(mu[..., 0], mu[..., 1]).remainder(2 * math.pi)
+    for h in range(heads):
+        assert (head_angles[h] >= 2 * math.pi * h / heads - 1e-6).all()
+        assert (head_angles[h] < 2 * math.pi * (h + 1) / heads).all()
+    assert mu.mean(dim=1).norm(dim=-1).min() > 0.5  # so no head starts as a symmetric blur
     assert initial_centres(heads, atoms, "zero").abs().max() == 0
     assert initial_centres(heads, atoms, "normal").std() > 0.5
 

@@ -1,4 +1,5 @@
-"""``SSoGAttention``: the SSoG token mixer as a drop-in for self-attention (SPEC §1)."""
+"""``SSoGAttention``: the SSoG token mixer as a drop-in for self-attention (docs/operator.md,
+"The definition")."""
 from __future__ import annotations
 
 import math
@@ -8,8 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops import BACKENDS, mix, ssog_matrix
-from ._tokens import check_tokens, prefix_mean_rows
+from ..ops import ssog_matrix
+from ..ops.checks import check_mixer_options, check_steer, check_tokens
+from ..ops.functional import _ssog_mix_unchecked
+from ._tokens import prefix_mean_rows
 
 STEERABLE = ("mu", "sigma", "lambda")
 #: How the fixed centres ``mu`` start (:func:`initial_centres`).
@@ -39,8 +42,9 @@ def initial_centres(num_heads: int, num_atoms: int, kind: str = "ring", radius: 
     """Initial centres ``mu (H, R, 2)`` (y, x) in tokens, relative to the query.
 
     ``"ring"``: the ``H*R`` atoms of a layer on a circle of ``radius`` tokens at angles
-    ``2*pi*k/(H*R)``, atom ``k = r*H + h`` (so each head's atoms point in ``R`` directions
-    spread around the circle, and heads are rotated against each other). ``"normal"``:
+    ``2*pi*k/(H*R)``, atom ``k = h*R + r``: each head's atoms fill one sector of the circle,
+    so every head starts looking in its own direction (atoms spread around the whole circle
+    with equal weights would make each head a near-symmetric blur again). ``"normal"``:
     i.i.d. ``N(0, radius^2)`` (from torch's global generator). ``"zero"``: all at the query,
     a symmetric blur that cannot tell left from right at the start.
     """
@@ -52,7 +56,7 @@ def initial_centres(num_heads: int, num_atoms: int, kind: str = "ring", radius: 
         steps = num_heads * num_atoms
         angle = 2 * math.pi * torch.arange(steps, dtype=torch.float64) / steps
         ring = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1) * radius
-        return ring.view(num_atoms, num_heads, 2).transpose(0, 1).float()
+        return ring.view(num_heads, num_atoms, 2).float()
     raise ValueError(f"unknown centre_init {kind!r}; expected one of {CENTRE_INITS}")
 
 
@@ -124,27 +128,14 @@ class SSoGAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if dim <= 0 or num_heads <= 0 or dim % num_heads:
-            raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
-        if num_atoms < 1:
-            raise ValueError(f"num_atoms must be >= 1, got {num_atoms}")
-        if not sigma_min > 0:
-            raise ValueError(f"sigma_min must be > 0 (tokens), got {sigma_min}")
-        if not steer_radius > 0:
-            raise ValueError(f"steer_radius must be > 0 (tokens), got {steer_radius}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-        steer = tuple(steer)
-        unknown = sorted(set(steer) - set(STEERABLE))
-        if unknown:
-            raise ValueError(f"cannot steer {unknown}; steer must be a subset of {STEERABLE}")
+        check_mixer_options(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
+                            steer_radius=steer_radius, centre_radius=centre_radius,
+                            num_prefix_tokens=num_prefix_tokens, backend=backend)
 
         self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
         self.head_dim = dim // num_heads
         self.sigma_min = float(sigma_min)
-        self.steer = tuple(name for name in STEERABLE if name in steer)
+        self.steer = check_steer(steer, STEERABLE)
         self.steer_radius = float(steer_radius)
         self.num_prefix_tokens = num_prefix_tokens
         self.backend = backend
@@ -153,8 +144,6 @@ class SSoGAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
-        if not centre_radius >= 0:
-            raise ValueError(f"centre_radius must be >= 0 (tokens), got {centre_radius}")
         widths = initial_widths(num_heads, num_atoms, width_init).clamp_min(self.sigma_min + 0.05)
         self.mu = nn.Parameter(initial_centres(num_heads, num_atoms, centre_init, centre_radius).to(**dd))
         rho = _inverse_softplus(widths - self.sigma_min)
@@ -232,7 +221,7 @@ class SSoGAttention(nn.Module):
         values = self.v(x).view(batch, tokens, heads, head_dim)
         patch_values = values[:, prefix:].transpose(1, 2)  # (B, H, N, d)
         mu, sigma, weight = self.mixture(x[:, prefix:])
-        mixed = mix(patch_values, mu, sigma, weight, grid_size, self.backend)
+        mixed = _ssog_mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend)
 
         out = values.new_empty(batch, tokens, heads, head_dim)
         out[:, prefix:] = mixed.transpose(1, 2)
