@@ -9,7 +9,7 @@ import pytest
 import timm
 import torch
 
-import ssog  # noqa: F401  (registers the models)
+import ssog.models  # noqa: F401  (registers the models)
 from ssog.data import ArrayDataset, dataset_targets, training_subset
 from ssog.layers import SSoGAttention
 from ssog.layers.ssog_attention import initial_centres, initial_widths

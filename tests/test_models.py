@@ -11,7 +11,7 @@ import pytest
 import timm
 import torch
 
-import ssog  # noqa: F401  (registers the models)
+import ssog.models  # noqa: F401  (registers the models)
 from ssog.cli import main
 from ssog.layers import MultiHeadAttention, SSoGAttention
 from ssog.models import (

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -352,6 +355,16 @@ BAD_INPUTS = [
     ("tolerance", dict(local_tolerance=0.0), "local_tolerance"),
     ("steered_batch", dict(
         mu=torch.zeros(3, 2, 20, 3, 2), sigma=torch.ones(3, 2, 20, 3, 2), weight=torch.ones(3, 2, 20, 3)), "(B, H)"),
+    # values that shapes cannot catch: NaN passes `sigma > 0`, and a huge centre squares to inf
+    ("sigma_nan", dict(sigma=torch.ones(2, 3, 2).index_fill(0, torch.tensor([1]), float("nan"))),
+     "sigma must be finite everywhere, got nan at index (1, 0, 0)"),
+    ("mu_inf", dict(mu=torch.full((2, 3, 2), float("-inf"))), "mu must be finite everywhere"),
+    ("weight_nan", dict(weight=torch.full((2, 3), float("nan"))), "weight must be finite everywhere"),
+    ("mu_huge", dict(mu=torch.full((2, 3, 2), 1e30)), "|mu| must be <= 2^20 tokens"),
+    ("sigma_tiny", dict(mu=torch.full((2, 3, 2), 1e3), sigma=torch.full((2, 3, 2), 1e-36)),
+     "sigma is too small for its centre"),
+    ("steered_local", dict(mu=torch.zeros(1, 2, 20, 3, 2), sigma=torch.ones(1, 2, 20, 3, 2),
+                           weight=torch.ones(1, 2, 20, 3), backend="dense", local_tolerance=1.5), "local_tolerance"),
 ]
 
 
@@ -365,3 +378,25 @@ def test_bad_input_raises_clear_value_error(name, override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ssog_mix(args["v"], args["mu"], args["sigma"], args["weight"], args["grid"],
                  backend=args["backend"], local_tolerance=args["local_tolerance"])
+
+
+@pytest.mark.parametrize("name,override,message", BAD_INPUTS[-6:-1], ids=[b[0] for b in BAD_INPUTS[-6:-1]])
+def test_matrix_refuses_non_finite_and_out_of_range_parameters(name, override, message):
+    args = dict(mu=torch.zeros(2, 3, 2), sigma=torch.ones(2, 3, 2), weight=torch.ones(2, 3) / 3)
+    args.update(override)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ssog_matrix(args["mu"], args["sigma"], args["weight"], (4, 5))
+
+
+def test_the_largest_accepted_centre_gives_finite_kernels():
+    mu = torch.tensor([[[2.0**20, -(2.0**20)]]])
+    a = ssog_matrix(mu, torch.full((1, 1, 2), 0.25), torch.ones(1, 1), (4, 5))
+    assert torch.isfinite(a).all() and torch.allclose(a.sum(-1), torch.ones(1, 20))
+    assert torch.equal(a[0, :, 3 * 5], torch.ones(20))  # all mass on the bottom-left key
+
+
+def test_importing_the_operator_needs_torch_alone():
+    code = ("import sys, ssog, ssog.ops, ssog.layers; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'timm', 'torchdiffeq', 'torchvision'}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-2000:]

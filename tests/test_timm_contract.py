@@ -21,7 +21,7 @@ import pytest
 import timm
 import torch
 
-import ssog  # noqa: F401  (registers the models)
+import ssog.models  # noqa: F401  (registers the models)
 from ssog.models import list_models
 
 TIMM_TESTS = (

@@ -1,11 +1,41 @@
 """ssog: separable sum-of-Gaussians (SSoG) token mixing for Vision Transformers.
 
-``import ssog`` registers the model families with timm, so ``timm.create_model`` builds them.
+The package imports lazily: ``import ssog.ops`` (the operator) and ``import ssog.layers``
+need torch alone, and the names below load their subpackage on first use.
+``import ssog.models`` registers the model families with timm, so that
+``timm.create_model("ssog_vit_small_patch16_224")`` builds them.
 """
-from . import models  # noqa: F401  (registers the timm models)
-from .layers import CenterNorm, MultiHeadAttention, SSoGAttention
-from .ops import ssog_matrix, ssog_mix
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+#: Public names and the subpackage that defines each.
+_EXPORTS = {
+    "CenterNorm": "layers",
+    "MultiHeadAttention": "layers",
+    "SSoGAttention": "layers",
+    "ssog_matrix": "ops",
+    "ssog_mix": "ops",
+}
+_SUBPACKAGES = ("analysis", "bench", "cli", "data", "layers", "models", "ops", "train")
+
 __all__ = ["CenterNorm", "MultiHeadAttention", "SSoGAttention", "ssog_matrix", "ssog_mix", "__version__"]
+
+if TYPE_CHECKING:
+    from .layers import CenterNorm, MultiHeadAttention, SSoGAttention
+    from .ops import ssog_matrix, ssog_mix
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, *_SUBPACKAGES])

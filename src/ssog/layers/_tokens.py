@@ -1,26 +1,7 @@
-"""Checks and shapes shared by the token mixers."""
+"""Prefix-token rows shared by the token mixers' mixing matrices."""
 from __future__ import annotations
 
 from torch import Tensor
-
-
-def check_tokens(x: Tensor, grid_size: tuple[int, int], num_prefix_tokens: int, dim: int) -> tuple[int, int, int]:
-    """Validate ``x (B, P + Hg*Wg, dim)`` against the grid; return ``(B, P + N, dim)``."""
-    if x.dim() != 3:
-        raise ValueError(f"expected tokens of shape (B, P + Hg*Wg, {dim}), got {tuple(x.shape)}")
-    batch, tokens, channels = x.shape
-    if channels != dim:
-        raise ValueError(f"tokens have {channels} channels, the layer expects dim={dim}")
-    try:
-        rows, cols = (int(s) for s in grid_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"grid_size must be a pair (Hg, Wg), got {grid_size!r}") from None
-    if rows <= 0 or cols <= 0 or tokens != num_prefix_tokens + rows * cols:
-        raise ValueError(
-            f"{tokens} tokens do not match {num_prefix_tokens} prefix tokens + a {rows}x{cols} grid "
-            f"({num_prefix_tokens + rows * cols} tokens)"
-        )
-    return batch, tokens, channels
 
 
 def prefix_mean_rows(patch_block: Tensor, num_prefix_tokens: int) -> Tensor:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._tokens import check_tokens
+from ..ops.checks import check_heads, check_tokens
 
 
 class MultiHeadAttention(nn.Module):
@@ -29,8 +29,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if dim <= 0 or num_heads <= 0 or dim % num_heads:
-            raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        check_heads(dim, num_heads)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.num_prefix_tokens = num_prefix_tokens
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)

@@ -1,6 +1,11 @@
 """Public SSoG operator: ``ssog_matrix`` (the dense definition) and ``ssog_mix`` (fast).
 
-Shapes (SPEC §4), with ``N = Hg * Wg`` patch tokens on a row-major grid:
+``ssog_mix`` checks its arguments (:mod:`ssog.ops.checks`) and calls
+:func:`_ssog_mix_unchecked`, which the layers call directly: their parameters have the right
+shapes by construction, and per-call checks of parameter values would synchronise a GPU.
+
+Shapes (docs/operator.md, "Shapes and units"), with ``N = Hg * Wg`` patch tokens on a
+row-major grid:
 
 - values ``v``: ``(B, H, N, d)``
 - fixed parameters: ``mu, sigma (H, R, 2)``, ``weight (H, R)``
@@ -13,15 +18,32 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from . import backends
+from .checks import (
+    BACKENDS, check_backend, check_grid, check_local_tolerance, check_parameter_values, check_parameters,
+    check_values,
+)
 from .kernels import fixed_axis_kernels, kernel_dtype
 
-BACKENDS = ("auto", "dense", "separable", "local")
+logger = logging.getLogger(__name__)
+
+# Cost model of choose_backend (multiply-adds; docs/results/operator.md).
+#: Element-wise work of building one entry of the dense ``A``, in multiply-adds.
+DENSE_BUILD_MACS_PER_ENTRY = 8
+#: Dense is considered only while one head's ``A`` (fp32) stays within this many bytes.
+DENSE_MAX_MATRIX_BYTES = 16 * 2**20
+#: Weight of the separable path's many small GEMMs against one large one, fitted to
+#: ``ssog bench-op`` on a 2-core CPU: forward only, and with autograd (more small GEMMs).
+SEPARABLE_OVERHEAD_CPU = 1.9
+SEPARABLE_OVERHEAD_CPU_AUTOGRAD = 2.6
+#: The same weight on accelerators, where launch latency dominates small GEMMs (not yet measured).
+SEPARABLE_OVERHEAD_ACCELERATOR = 3.0
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("ssog_forced_backend", default=None)
 
@@ -33,7 +55,7 @@ def forced_backend(name: str) -> Iterator[None]:
     FLOP counting uses ``forced_backend("separable")`` so that mixing is counted in its
     separable form (``2 R N (Hg + Wg) d`` per head) whichever backend a model was built with.
     """
-    _check_backend(name)
+    check_backend(name)
     token = _forced.set(name)
     try:
         yield
@@ -45,11 +67,12 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int,
     """The dense mixing matrix ``A``: ``(H, N, N)`` fixed or ``(B, H, N, N)`` steered.
 
     ``A[q, j] = sum_r weight_r * ky_r(q_y, j_y) * kx_r(q_x, j_x)`` with row-normalised
-    Gaussian ``ky``/``kx`` (SPEC §1). Computed in float32 (float64 for float64 input).
+    Gaussian ``ky``/``kx`` (docs/operator.md, "The definition"). Computed in float32
+    (float64 for float64 input).
     """
-    grid_size = _check_grid(grid_size)
-    steered = _check_parameters(mu, sigma, weight, grid_size, batch_heads=None)
-    _check_widths(sigma)
+    grid_size = check_grid(grid_size)
+    steered = check_parameters(mu, sigma, weight, grid_size, batch_heads=None)
+    check_parameter_values(mu, sigma, weight, grid_size)
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, mu.dtype)
     if steered:
         return backends.steered_matrix(mu, sigma, weight, grid_size)
@@ -85,25 +108,16 @@ def ssog_mix(
     Returns:
         ``(B, H, N, d)`` in the dtype of ``v``.
     """
-    grid_size = _check_grid(grid_size)
-    if v.dim() != 4:
-        raise ValueError(f"v must be (B, H, N, d), got shape {tuple(v.shape)}")
-    if not v.is_floating_point():
-        raise ValueError(f"v must be a floating-point tensor, got {v.dtype}")
-    batch, heads, n, _ = v.shape
-    if n != grid_size[0] * grid_size[1]:
-        raise ValueError(
-            f"v has N={n} tokens but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}"
-        )
-    steered = _check_parameters(mu, sigma, weight, grid_size, batch_heads=(batch, heads))
-    _check_backend(backend)
-    if not 0.0 < local_tolerance < 1.0:
-        raise ValueError(f"local_tolerance must be in (0, 1), got {local_tolerance}")
-    _check_widths(sigma)
-    return mix(v, mu, sigma, weight, grid_size, backend, local_tolerance)
+    grid_size = check_grid(grid_size)
+    batch, heads, _, _ = check_values(v, grid_size)
+    steered = check_parameters(mu, sigma, weight, grid_size, batch_heads=(batch, heads))
+    check_backend(backend)
+    check_local_tolerance(local_tolerance)
+    check_parameter_values(mu, sigma, weight, grid_size)
+    return _ssog_mix_unchecked(v, mu, sigma, weight, grid_size, backend, local_tolerance)
 
 
-def mix(
+def _ssog_mix_unchecked(
     v: Tensor,
     mu: Tensor,
     sigma: Tensor,
@@ -112,7 +126,7 @@ def mix(
     backend: str = "auto",
     local_tolerance: float = backends.LOCAL_TOLERANCE,
 ) -> Tensor:
-    """``ssog_mix`` without input validation, for callers whose shapes hold by construction."""
+    """:func:`ssog_mix` without its argument checks, for callers whose shapes hold by construction."""
     steered = mu.dim() == 5
     backend = _forced.get() or backend
     if backend == "auto" and not steered:
@@ -133,6 +147,10 @@ def mix(
             return backends.fixed_dense(v, ky, kx)
         if backend == "separable":
             return backends.fixed_separable(v, ky, kx)
+        if backend == "triton":
+            from .triton_separable import triton_separable
+
+            return triton_separable(v, ky, kx)
         ky = backends.truncate_kernels(ky, local_tolerance)
         kx = backends.truncate_kernels(kx, local_tolerance)
         return backends.fixed_separable(v, ky, kx, key_rows=backends.key_row_spans(ky))
@@ -142,7 +160,10 @@ def _steered(
     v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], backend: str, tolerance: float
 ) -> Tensor:
     """Steered mixing; ``auto`` measures the key windows of these parameters and takes the
-    windowed (``local``) path when its tiles are cheaper than whole rows of ``A``."""
+    windowed (``local``) path when its tiles are cheaper than whole rows of ``A`` (reading
+    the windows synchronises a GPU once per call)."""
+    if backend == "triton":
+        raise ValueError("the triton backend supports fixed kernels only; use dense, separable or local")
     if backend == "separable":
         return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
     if backend == "local" or (backend == "auto" and v.device.type != "meta"):
@@ -155,7 +176,7 @@ def _steered(
 
 #: Multiply-adds one tile of the windowed steered path costs beyond its arithmetic (Python
 #: dispatch, gathering the tile's parameters and key box): about 0.1 ms at 50 GMAC/s. An
-#: estimate, not yet fitted to ``ssog bench-op --steered`` measurements.
+#: estimate, not yet fitted to ``ssog bench-op --steered-layer`` measurements.
 STEERED_TILE_OVERHEAD_MACS = 5_000_000
 
 
@@ -185,30 +206,40 @@ def choose_backend(
     Multiply-adds per call, with ``BH`` batch*heads and ``N = Hg*Wg``:
 
     - dense: ``BH N^2 d`` in one large GEMM per head, plus building ``A`` once per head
-      (``H R N^2`` element-wise work, weighted as 8 MACs each);
+      (``H R N^2`` element-wise work, ``DENSE_BUILD_MACS_PER_ENTRY`` each);
     - separable: ``BH R N (Hg + Wg) d`` in many small GEMMs, weighted by an overhead
-      factor fitted to ``ssog bench-op`` on a 2-core CPU (docs/results/operator.md): 1.9
-      for the forward pass, 2.6 with autograd (its backward is more small GEMMs). On
-      accelerators, where launch latency dominates small GEMMs, 3.0 (not yet measured).
+      factor fitted to ``ssog bench-op`` on a 2-core CPU (docs/results/operator.md):
+      ``SEPARABLE_OVERHEAD_CPU`` for the forward pass, ``SEPARABLE_OVERHEAD_CPU_AUTOGRAD``
+      with autograd (its backward is more small GEMMs), ``SEPARABLE_OVERHEAD_ACCELERATOR``
+      elsewhere.
 
-    Dense is only considered while ``A`` stays small (16 MiB). From shapes alone, steered
+    Dense is only considered while ``A`` stays within ``DENSE_MAX_MATRIX_BYTES``. The costs
+    and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
+    From shapes alone, steered
     kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
     contraction ``R N (Wg + 1) d``. (``ssog_mix`` with ``auto`` then checks the windowed
     ``local`` path against it, which needs the parameters' values.)
     """
     if steered:
+        logger.debug("choose_backend: dense for steered kernels (from shapes alone)")
         return "dense"
     batch, heads, n, dim = value_shape
     rows, cols = grid_size
     if device.type == "cpu":
-        separable_overhead = 2.6 if requires_grad else 1.9
+        separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU
     else:
-        separable_overhead = 3.0
-    dense_cost = batch * heads * n * n * dim + heads * num_atoms * n * n * 8
+        separable_overhead = SEPARABLE_OVERHEAD_ACCELERATOR
+    dense_cost = batch * heads * n * n * dim + heads * num_atoms * n * n * DENSE_BUILD_MACS_PER_ENTRY
     separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
-    if dense_cost <= separable_cost and heads * n * n * 4 <= 16 * 2**20:
-        return "dense"
-    return "separable"
+    matrix_bytes = heads * n * n * 4
+    choice = "dense" if dense_cost <= separable_cost and matrix_bytes <= DENSE_MAX_MATRIX_BYTES else "separable"
+    logger.debug(
+        "choose_backend: %s for v %s on a %dx%d grid, R=%d, %s%s: dense %.3g MACs (A %.1f MiB, limit %.0f MiB), "
+        "separable %.3g weighted MACs (x%.1f)", choice, tuple(value_shape), rows, cols, num_atoms, device.type,
+        " with autograd" if requires_grad else "", dense_cost, matrix_bytes / 2**20, DENSE_MAX_MATRIX_BYTES / 2**20,
+        separable_cost, separable_overhead,
+    )
+    return choice
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -223,56 +254,3 @@ def _fixed_kernels(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[i
 def _kernel_precision(mu: Tensor, sigma: Tensor, weight: Tensor, value_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     dtype = kernel_dtype(torch.promote_types(value_dtype, mu.dtype))
     return mu.to(dtype), sigma.to(dtype), weight.to(dtype)
-
-
-def _check_backend(name: str) -> None:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-
-
-def _check_widths(sigma: Tensor) -> None:
-    if sigma.device.type != "meta" and bool((sigma <= 0).any()):
-        raise ValueError("sigma must be > 0 everywhere (widths are in token units)")
-
-
-def _check_grid(grid_size: tuple[int, int]) -> tuple[int, int]:
-    try:
-        rows, cols = (int(s) for s in grid_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"grid_size must be a pair (Hg, Wg) of positive ints, got {grid_size!r}") from None
-    if rows <= 0 or cols <= 0:
-        raise ValueError(f"grid_size must be positive, got {(rows, cols)}")
-    return rows, cols
-
-
-def _check_parameters(
-    mu: Tensor,
-    sigma: Tensor,
-    weight: Tensor,
-    grid_size: tuple[int, int],
-    batch_heads: tuple[int, int] | None,
-) -> bool:
-    """Validate shapes; return True for steered (per-query) parameters."""
-    if mu.dim() == 3:
-        heads, atoms, _ = mu.shape
-        expected_mu, expected_weight = (heads, atoms, 2), (heads, atoms)
-        if batch_heads is not None and heads != batch_heads[1]:
-            raise ValueError(f"mu has {heads} heads but v has {batch_heads[1]}")
-        steered = False
-    elif mu.dim() == 5:
-        batch, heads, n, atoms, _ = mu.shape
-        expected_mu, expected_weight = (batch, heads, n, atoms, 2), (batch, heads, n, atoms)
-        if batch_heads is not None and (batch, heads) != batch_heads:
-            raise ValueError(f"steered mu has (B, H) = {(batch, heads)} but v has {batch_heads}")
-        if n != grid_size[0] * grid_size[1]:
-            raise ValueError(f"steered mu has N={n} queries but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}")
-        steered = True
-    else:
-        raise ValueError(f"mu must be (H, R, 2) fixed or (B, H, N, R, 2) steered, got shape {tuple(mu.shape)}")
-    if tuple(mu.shape) != expected_mu:
-        raise ValueError(f"mu must end in 2 (y, x) components: expected shape {expected_mu}, got {tuple(mu.shape)}")
-    if tuple(sigma.shape) != expected_mu:
-        raise ValueError(f"sigma must have the shape of mu {expected_mu}, got {tuple(sigma.shape)}")
-    if tuple(weight.shape) != expected_weight:
-        raise ValueError(f"weight must have shape {expected_weight}, got {tuple(weight.shape)}")
-    return steered

@@ -1,0 +1,180 @@
+"""Argument checks of the SSoG operator and the token mixers: the one place they live.
+
+Each check raises ``ValueError`` with one line naming the argument, what it was and what was
+expected. :func:`ssog.ops.ssog_mix` and :func:`ssog.ops.ssog_matrix` run the operator checks on
+every call; the layers check their tokens on every call and their options once, at
+construction, and then call the operator's unchecked entry (their parameters have the right
+shapes by construction).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from .kernels import kernel_dtype
+
+__all__ = [
+    "BACKENDS", "MAX_CENTRE_OFFSET", "check_backend", "check_grid", "check_heads", "check_local_tolerance", "check_mixer_options",
+    "check_parameter_values", "check_parameters", "check_steer", "check_tokens", "check_values",
+]
+
+BACKENDS = ("auto", "dense", "separable", "local", "triton")
+
+#: Largest ``|mu|`` (tokens) accepted. A kernel row is a softmax of ``-(j - c)^2 / 2 sigma^2``
+#: over keys ``j``; float32 resolves neighbouring keys' squared distances from a centre ``c``
+#: only to about ``2^24 / |c|`` ulps, so 2^20 keeps 16 and anything beyond is a diverged
+#: parameter, not a meaningful offset on any grid.
+MAX_CENTRE_OFFSET = 2.0**20
+
+
+def check_backend(name: str) -> None:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def check_grid(grid_size: tuple[int, int]) -> tuple[int, int]:
+    """``(Hg, Wg)`` as two positive ints."""
+    try:
+        rows, cols = (int(s) for s in grid_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"grid_size must be a pair (Hg, Wg) of positive ints, got {grid_size!r}") from None
+    if rows <= 0 or cols <= 0:
+        raise ValueError(f"grid_size must be positive, got {(rows, cols)}")
+    return rows, cols
+
+
+def check_values(v: Tensor, grid_size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``v (B, H, N, d)``, floating point, with ``N = Hg * Wg``; returns its shape."""
+    if v.dim() != 4:
+        raise ValueError(f"v must be (B, H, N, d), got shape {tuple(v.shape)}")
+    if not v.is_floating_point():
+        raise ValueError(f"v must be a floating-point tensor, got {v.dtype}")
+    batch, heads, n, dim = v.shape
+    if n != grid_size[0] * grid_size[1]:
+        raise ValueError(f"v has N={n} tokens but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}")
+    return batch, heads, n, dim
+
+
+def check_local_tolerance(local_tolerance: float) -> None:
+    if not 0.0 < local_tolerance < 1.0:
+        raise ValueError(f"local_tolerance must be in (0, 1), got {local_tolerance}")
+
+
+def check_parameters(
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    batch_heads: tuple[int, int] | None,
+) -> bool:
+    """Validate the mixture's shapes against the grid (and ``v``'s ``(B, H)``); return True
+    for steered (per-query) parameters."""
+    if mu.dim() == 3:
+        heads, atoms, _ = mu.shape
+        expected_mu, expected_weight = (heads, atoms, 2), (heads, atoms)
+        if batch_heads is not None and heads != batch_heads[1]:
+            raise ValueError(f"mu has {heads} heads but v has {batch_heads[1]}")
+        steered = False
+    elif mu.dim() == 5:
+        batch, heads, n, atoms, _ = mu.shape
+        expected_mu, expected_weight = (batch, heads, n, atoms, 2), (batch, heads, n, atoms)
+        if batch_heads is not None and (batch, heads) != batch_heads:
+            raise ValueError(f"steered mu has (B, H) = {(batch, heads)} but v has {batch_heads}")
+        if n != grid_size[0] * grid_size[1]:
+            raise ValueError(f"steered mu has N={n} queries but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}")
+        steered = True
+    else:
+        raise ValueError(f"mu must be (H, R, 2) fixed or (B, H, N, R, 2) steered, got shape {tuple(mu.shape)}")
+    if tuple(mu.shape) != expected_mu:
+        raise ValueError(f"mu must end in 2 (y, x) components: expected shape {expected_mu}, got {tuple(mu.shape)}")
+    if tuple(sigma.shape) != expected_mu:
+        raise ValueError(f"sigma must have the shape of mu {expected_mu}, got {tuple(sigma.shape)}")
+    if tuple(weight.shape) != expected_weight:
+        raise ValueError(f"weight must have shape {expected_weight}, got {tuple(weight.shape)}")
+    return steered
+
+
+def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> None:
+    """Finite parameters, ``sigma > 0``, ``|mu| <= MAX_CENTRE_OFFSET``, and squared standardised
+    distances ``((L + |mu|) / sigma)^2`` that the kernel dtype can hold (skipped on ``meta``)."""
+    if mu.device.type == "meta":
+        return
+    for name, tensor in (("mu", mu), ("sigma", sigma), ("weight", weight)):
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{name} must be finite everywhere, got {_first_bad(tensor, torch.isfinite(tensor))}")
+    if not bool((sigma > 0).all()):
+        raise ValueError(f"sigma must be > 0 everywhere (widths are in token units), got {_first_bad(sigma, sigma > 0)}")
+    offset = mu.abs()
+    if not bool((offset <= MAX_CENTRE_OFFSET).all()):
+        raise ValueError(f"|mu| must be <= 2^20 tokens (float32 cannot place a kernel further out), got "
+                         f"{_first_bad(mu, offset <= MAX_CENTRE_OFFSET)}")
+    dtype = kernel_dtype(torch.promote_types(mu.dtype, sigma.dtype))
+    lengths = torch.tensor(grid_size, dtype=dtype, device=mu.device)
+    reach = ((lengths + offset.to(dtype)) / sigma.to(dtype)).square()
+    if not bool(torch.isfinite(reach).all()):
+        raise ValueError(f"sigma is too small for its centre: ((grid + |mu|) / sigma)^2 overflows {dtype}, got "
+                         f"sigma {_first_bad(sigma, torch.isfinite(reach))}")
+
+
+def _first_bad(tensor: Tensor, ok: Tensor) -> str:
+    bad = (~ok).nonzero()[0].tolist()
+    return f"{tensor[tuple(bad)].item()} at index {tuple(bad)}"
+
+
+def check_tokens(x: Tensor, grid_size: tuple[int, int], num_prefix_tokens: int, dim: int) -> tuple[int, int, int]:
+    """Validate a mixer's input ``x (B, P + Hg*Wg, dim)`` against the grid; return its shape."""
+    if x.dim() != 3:
+        raise ValueError(f"expected tokens of shape (B, P + Hg*Wg, {dim}), got {tuple(x.shape)}")
+    batch, tokens, channels = x.shape
+    if channels != dim:
+        raise ValueError(f"tokens have {channels} channels, the layer expects dim={dim}")
+    rows, cols = check_grid(grid_size)
+    if tokens != num_prefix_tokens + rows * cols:
+        raise ValueError(
+            f"{tokens} tokens do not match {num_prefix_tokens} prefix tokens + a {rows}x{cols} grid "
+            f"({num_prefix_tokens + rows * cols} tokens)"
+        )
+    return batch, tokens, channels
+
+
+def check_heads(dim: int, num_heads: int) -> None:
+    """A mixer's width ``dim`` must split into ``num_heads`` equal heads."""
+    if dim <= 0 or num_heads <= 0 or dim % num_heads:
+        raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+
+
+def check_mixer_options(
+    *,
+    dim: int,
+    num_heads: int,
+    num_atoms: int,
+    sigma_min: float,
+    steer_radius: float,
+    centre_radius: float,
+    num_prefix_tokens: int,
+    backend: str,
+) -> None:
+    """The numeric options of :class:`ssog.layers.SSoGAttention` (sizes, tokens, widths in tokens)."""
+    check_heads(dim, num_heads)
+    if num_atoms < 1:
+        raise ValueError(f"num_atoms must be >= 1, got {num_atoms}")
+    for name, value in (("sigma_min", sigma_min), ("steer_radius", steer_radius)):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number > 0 (tokens), got {value}")
+    if not (centre_radius >= 0 and math.isfinite(centre_radius)):
+        raise ValueError(f"centre_radius must be a finite number >= 0 (tokens), got {centre_radius}")
+    if num_prefix_tokens < 0:
+        raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+    check_backend(backend)
+
+
+def check_steer(steer: Iterable[str], steerable: tuple[str, ...]) -> tuple[str, ...]:
+    """``steer`` as a tuple in ``steerable``'s order; an error naming anything else."""
+    steer = tuple(steer)
+    unknown = sorted(set(steer) - set(steerable))
+    if unknown:
+        raise ValueError(f"cannot steer {unknown}; steer must be a subset of {steerable}")
+    return tuple(name for name in steerable if name in steer)
