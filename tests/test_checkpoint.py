@@ -16,7 +16,6 @@ from timm.scheduler import create_scheduler_v2
 from ssog.train import check_state_dict, load_checkpoint, save_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
 from ssog.train.engine import Trainer
-from training_helpers import REPO, cli_args, run_env, run_ssog, ssog_command, tiny_config
 
 METRICS = ("train_loss", "val_loss", "acc1", "acc3", "acc5", "lr", "step")
 
@@ -104,7 +103,7 @@ def _history(run_dir):
     return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
 
 
-def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch, tiny_config):
     """Mixup, drop-path and EMA all draw random numbers: a resume must restore every stream."""
     options = dict(epochs=3, augment="strong", drop_path=0.1, ema_decay=0.9, checkpoint_every=3)
     reference = train(tiny_config(tmp_path / "ref", **options))
@@ -129,7 +128,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch):
         assert resumed[key] == reference[key], key
 
 
-def test_resume_errors(tmp_path):
+def test_resume_errors(tmp_path, tiny_config):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         train(resume=tmp_path / "nothing")
     (tmp_path / "empty").mkdir()
@@ -149,13 +148,12 @@ def test_resume_errors(tmp_path):
         train(resume=tmp_path / "other")
 
 
-def test_sigkill_mid_epoch_then_resume(tmp_path):
+def test_sigkill_mid_epoch_then_resume(tmp_path, tiny_config, ssog_cli):
     """A run killed with SIGKILL loses only the steps since its last checkpoint and then ends
     exactly where an uninterrupted run ends."""
     options = dict(epochs=3, img_size=16, synthetic_size=96, batch_size=8)  # 12 steps per epoch
     cfg = tiny_config(tmp_path / "run", checkpoint_every=2, **options)
-    process = subprocess.Popen(ssog_command("train", *cli_args(cfg)), cwd=REPO, env=run_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     last = tmp_path / "run" / "last.safetensors"
     seen = None
     deadline = time.monotonic() + 120
@@ -171,7 +169,7 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     assert seen is not None and process.returncode == -signal.SIGKILL, process.stderr.read()[-2000:]
     assert not (tmp_path / "run" / "summary.json").exists()
 
-    resumed = run_ssog("train", "--resume", str(tmp_path / "run"))
+    resumed = ssog_cli.run("train", "--resume", str(tmp_path / "run"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     resumed_at = re.search(r"resumed at epoch \d+, step (\d+)", resumed.stderr + resumed.stdout)
     assert resumed_at and int(resumed_at.group(1)) >= seen["global_step"]

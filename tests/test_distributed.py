@@ -12,7 +12,6 @@ import pytest
 
 from ssog.train import train
 from ssog.train.checkpoint import read_checkpoint_info
-from training_helpers import REPO, cli_args, run_env, tiny_config
 
 TOLERANCE = 1e-4
 
@@ -22,13 +21,13 @@ def _history(run_dir):
 
 
 @pytest.mark.timeout(300)
-def test_two_gloo_processes_match_one_process(tmp_path):
+def test_two_gloo_processes_match_one_process(tmp_path, tiny_config, ssog_cli):
     options = dict(epochs=2, batch_size=16, augment="weak", checkpoint_every=3)
     single = train(tiny_config(tmp_path / "one", **options))
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "ssog", "train", *cli_args(tiny_config(tmp_path / "two", **options))]
-    result = subprocess.run(command, cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=240)
+               "-m", "ssog", "train", *ssog_cli.config_args(tiny_config(tmp_path / "two", **options))]
+    result = subprocess.run(command, cwd=ssog_cli.repo, env=ssog_cli.env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     double = json.loads((tmp_path / "two" / "summary.json").read_text())
 

@@ -12,7 +12,6 @@ from ssog.train import (
 )
 from ssog.train.builders import build_model
 from ssog.train.transfer import ssog_mixers
-from training_helpers import TINY_KWARGS, TINY_MODEL, tiny_config
 
 
 # ---------------------------------------------------------------- configs and recipes
@@ -59,7 +58,7 @@ def test_recipe_errors(tmp_path):
 
 
 # ---------------------------------------------------------------- the engine
-def test_training_writes_summary_logs_and_checkpoints(tmp_path):
+def test_training_writes_summary_logs_and_checkpoints(tmp_path, tiny_config):
     summary = train(tiny_config(tmp_path / "run", epochs=2, ema_decay=0.9, augment="strong"))
     run = tmp_path / "run"
     for name in ("config.yaml", "summary.json", "log.jsonl", "log.csv", "curves.png",
@@ -75,18 +74,18 @@ def test_training_writes_summary_logs_and_checkpoints(tmp_path):
     assert len(rows) == 3 and rows[0].startswith("epoch,step,lr,train_loss,val_loss,acc1,acc3,acc5")
 
 
-def test_tiny_model_learns_the_synthetic_classes(tmp_path):
+def test_tiny_model_learns_the_synthetic_classes(tmp_path, tiny_config):
     summary = train(tiny_config(tmp_path, epochs=6, synthetic_size=128, lr=5e-3))
     assert summary["acc1"] >= 90 and summary["train_loss"] < 1.0
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
-def test_mixed_precision_runs(amp, tmp_path):
+def test_mixed_precision_runs(amp, tmp_path, tiny_config):
     summary = train(tiny_config(tmp_path, amp=amp, epochs=1, deterministic=False))
     assert math.isfinite(summary["loss"]) and summary["steps"] == 4
 
 
-def test_bad_settings_fail_before_training(tmp_path):
+def test_bad_settings_fail_before_training(tmp_path, tiny_config):
     with pytest.raises(ValueError, match="per-process batch size must be even"):
         train(tiny_config(tmp_path / "a", batch_size=15, augment="strong"))
     with pytest.raises(ValueError, match="smaller than one batch"):
@@ -97,7 +96,7 @@ def test_bad_settings_fail_before_training(tmp_path):
         train(tiny_config(tmp_path / "d", model="ssog_vit_huge"))
 
 
-def test_optional_loggers_explain_missing_packages(tmp_path):
+def test_optional_loggers_explain_missing_packages(tmp_path, tiny_config):
     try:
         import tensorboard  # noqa: F401
     except ImportError:
@@ -109,14 +108,14 @@ def test_optional_loggers_explain_missing_packages(tmp_path):
 
 # ---------------------------------------------------------------- transfer
 @pytest.fixture(scope="module")
-def fixed_run(tmp_path_factory):
+def fixed_run(tmp_path_factory, tiny_config):
     """A trained fixed-SSoG tiny model on 8x8 synthetic images with 4 classes."""
     run = tmp_path_factory.mktemp("fixed") / "run"
     train(tiny_config(run, epochs=1))
     return run
 
 
-def test_init_from_loads_backbone_new_head_and_resamples_pos_embed(fixed_run):
+def test_init_from_loads_backbone_new_head_and_resamples_pos_embed(fixed_run, tiny_config):
     source = load_checkpoint(fixed_run / "best.safetensors", only=("model",))["model"]
     cfg = tiny_config(fixed_run, img_size=16)
     model = build_model(cfg, num_classes=7, in_chans=3, img_size=16)
@@ -130,8 +129,9 @@ def test_init_from_loads_backbone_new_head_and_resamples_pos_embed(fixed_run):
     assert backbone and all(torch.equal(state[k], source[k]) for k in backbone)
 
 
-def test_fixed_checkpoint_warm_starts_a_steered_model(fixed_run):
-    cfg = tiny_config(fixed_run, model_kwargs={**TINY_KWARGS, "steer": ["mu", "sigma", "lambda"]})
+def test_fixed_checkpoint_warm_starts_a_steered_model(fixed_run, tiny_config):
+    kwargs = tiny_config(fixed_run).model_kwargs
+    cfg = tiny_config(fixed_run, model_kwargs={**kwargs, "steer": ["mu", "sigma", "lambda"]})
     model = build_model(cfg, num_classes=4, in_chans=3, img_size=8)
     init_from_checkpoint(model, fixed_run / "best.safetensors", keep_head=True, log=lambda _: None)
     fixed = build_model(tiny_config(fixed_run), num_classes=4, in_chans=3, img_size=8)
@@ -142,15 +142,16 @@ def test_fixed_checkpoint_warm_starts_a_steered_model(fixed_run):
     torch.testing.assert_close(model(x), fixed(x), atol=2e-2, rtol=0)
 
 
-def test_init_from_a_different_architecture_is_an_error(fixed_run):
-    model = build_model(tiny_config(fixed_run, model_kwargs={**TINY_KWARGS, "embed_dim": 32}), 4, 3, 8)
+def test_init_from_a_different_architecture_is_an_error(fixed_run, tiny_config):
+    kwargs = tiny_config(fixed_run).model_kwargs
+    model = build_model(tiny_config(fixed_run, model_kwargs={**kwargs, "embed_dim": 32}), 4, 3, 8)
     with pytest.raises(ValueError, match="does not match the model.*shape mismatches"):
         init_from_checkpoint(model, fixed_run / "best.safetensors", log=lambda _: None)
     with pytest.raises(FileNotFoundError):
         init_from_checkpoint(model, fixed_run / "none.safetensors")
 
 
-def test_linear_probe_trains_only_the_head(fixed_run, tmp_path):
+def test_linear_probe_trains_only_the_head(fixed_run, tmp_path, tiny_config):
     summary = train(tiny_config(tmp_path / "probe", epochs=1, init_from=str(fixed_run / "best.safetensors"),
                                 linear_probe=True, synthetic_classes=3))
     before = load_checkpoint(fixed_run / "best.safetensors", only=("model",))["model"]
@@ -176,7 +177,7 @@ def test_eval_at_another_patch_size_rescales_kernels(fixed_run):
         evaluate_checkpoint(fixed_run, rescale_kernels=True, progress=False)
 
 
-def test_set_input_size_scales_mu_and_sigma_by_the_grid_ratio():
+def test_set_input_size_scales_mu_and_sigma_by_the_grid_ratio(tiny_config):
     model = build_model(tiny_config("unused"), 4, 3, 8)
     mixer = ssog_mixers(model)[0]
     with torch.no_grad():
@@ -190,11 +191,12 @@ def test_set_input_size_scales_mu_and_sigma_by_the_grid_ratio():
 
 
 # ---------------------------------------------------------------- command line
-def test_cli_train_then_eval(tmp_path, capsys):
-    args = ["train", "--model", TINY_MODEL, "--dataset", "synthetic", "--img-size", "8", "--epochs", "1",
+def test_cli_train_then_eval(tmp_path, capsys, tiny_config):
+    tiny = tiny_config(tmp_path / "run")
+    args = ["train", "--model", tiny.model, "--dataset", "synthetic", "--img-size", "8", "--epochs", "1",
             "--batch-size", "16", "--augment", "none", "--no-progress", "--output", str(tmp_path / "run"),
             "--set", "synthetic_size=32", "--set", "synthetic_classes=4"]
-    args += [a for k, v in TINY_KWARGS.items() for a in ("--set", f"model_kwargs.{k}={v}")]
+    args += [a for k, v in tiny.model_kwargs.items() for a in ("--set", f"model_kwargs.{k}={v}")]
     assert main(args) == 0
     assert "final  Acc@1" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--json", "--device", "cpu"]) == 0
@@ -205,7 +207,7 @@ def test_cli_train_then_eval(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["train", "--dataset", "imagefolder", "--data-dir", "/nonexistent"], "data folder /nonexistent does not exist"),
     (["train", "--resume", "/nonexistent"], "checkpoint /nonexistent does not exist"),
-    (["train", "--resume", "/tmp", "--epochs", "3"], "give no other settings"),
+    (["train", "--resume", "/tmp", "--config", "x.yaml"], "give no --config"),
     (["train", "--variant", "x"], "--variant needs --config"),
     (["train", "--config", "/nonexistent.yaml"], "config file /nonexistent.yaml does not exist"),
     (["eval", "--checkpoint", "/nonexistent"], "checkpoint /nonexistent does not exist"),
