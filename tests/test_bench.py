@@ -97,7 +97,7 @@ def test_time_interleaved_alternates_callables():
 
 COLUMNS = [
     "family", "op", "size", "model", "dim", "params_m", "resolution", "tokens", "batch_size", "device",
-    "dtype", "status", "images_per_s", "latency_ms", "latency_ms_q1", "latency_ms_q3", "peak_memory_mib",
+    "dtype", "mode", "status", "images_per_s", "latency_ms", "latency_ms_q1", "latency_ms_q3", "peak_memory_mib",
     "gflops_per_image", "attention_gflops_per_image", "speedup", "speedup_q1", "speedup_q3",
 ]
 # The "micro" preset (8x8 single-channel images, patch 1) keeps every point to milliseconds.
@@ -322,6 +322,7 @@ def test_cli_bench_writes_results_and_plots(tmp_path, capsys):
         (["--warmup", "0"], "warmup >= 1"),
         (["--device", "tpu"], "device"),
         (["--threads", "0"], "--threads must be positive"),
+        (["--mode", "serve"], "invalid choice"),
         (["--plot", "/nonexistent/results"], "no benchmark results"),
     ],
 )
@@ -343,3 +344,31 @@ def test_sweep_bf16_autocast():
     results = run_model_sweep(config)
     assert results.environment["dtype"] == results.config["dtype"] == "bf16"
     assert [(row["dtype"], row["status"]) for row in results.rows] == [("bf16", "ok")] * 2
+
+
+def test_train_mode_times_optimisation_steps(monkeypatch, tmp_path, capsys):
+    """Each timed call is forward + backward + optimizer step; the step changes the weights,
+    and the optimizer's state is counted as resident memory."""
+    from ssog.bench import sweep
+
+    steps = []
+    original = sweep._train_step
+
+    def counted_step(model, optimizer, *args):
+        before = next(model.parameters()).detach().clone()
+        original(model, optimizer, *args)
+        steps.append(not torch.equal(before, next(model.parameters())))
+
+    monkeypatch.setattr(sweep, "_train_step", counted_step)
+    assert main(["bench", *CLI_TINY, "--resolutions", "4", "--mode", "train", "--no-plots",
+                 "--output", str(tmp_path)]) == 0
+    rows = BenchResults.load(tmp_path).rows
+    assert [(row["op"], row["mode"], row["status"]) for row in rows] == [("mha", "train", "ok"), ("ssog", "train", "ok")]
+    assert all(row["images_per_s"] > 0 and row["peak_memory_mib"] > 0 for row in rows)
+    assert rows[1]["speedup"] > 0
+    # per model: 1 warmup + 2 timed + 1 peak-memory step, each one changing the weights
+    assert steps == [True] * 2 * (1 + 2 + 1)
+    inference = run_model_sweep(SweepConfig(families=("vit",), **{**TINY, "resolutions": (4,), "batch_sizes": (1,)}))
+    train_memory = {row["op"]: row["peak_memory_mib"] for row in rows}
+    for row in inference.rows:
+        assert row["mode"] == "inference" and row["peak_memory_mib"] < train_memory[row["op"]]

@@ -51,3 +51,16 @@ def test_unknown_backend_is_rejected_by_the_parser(capsys):
         main(["bench-op", "--backends", "flash"])
     assert error.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_steered_layer_comparison_writes_rows_for_mha_and_each_backend(tmp_path, capsys):
+    from ssog.bench.operator import STEERED_LAYER_BACKENDS
+
+    assert main(["bench-op", "--steered-layer", "3", "4", "--rounds", "2", "--warmup", "0",
+                 "--output", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "steered_layer.json").read_text())["rows"]
+    expected = {(g, c) for g in (3, 4) for c in ("mha", *(f"ssog-{b}" for b in STEERED_LAYER_BACKENDS))}
+    assert {(r["grid"], r["candidate"]) for r in rows} == expected
+    assert all(r["median_ms"] > 0 for r in rows)
+    assert all(r["speedup_median"] == 1.0 for r in rows if r["candidate"] == "mha")
+    assert "| 4 | 16 | ssog-local |" in (tmp_path / "steered_layer.md").read_text()

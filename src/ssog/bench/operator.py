@@ -23,11 +23,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..layers import multiscale_widths
+from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
 from ..ops import BACKENDS, choose_backend, ssog_mix
+from ..ops.triton_separable import available as triton_available
 from .memory import is_out_of_memory, peak_memory
 from .results import environment
-from .timing import time_interleaved
+from .timing import quartiles, time_interleaved
 
 BASELINE = "sdpa"
 
@@ -114,6 +115,8 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
     for backend in config.backends:
         if backend == "dense" and grid > config.dense_max_grid:
             continue
+        if backend == "triton" and not triton_available(device):
+            continue  # CUDA only (docs/operator.md)
         calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
     return calls
 
@@ -259,3 +262,91 @@ def save(results: list[Measurement], steered: dict | None, config: OperatorConfi
     (output / "operator.json").write_text(json.dumps(payload, indent=2, default=list))
     (output / "operator.md").write_text(markdown_table(results) + "\n")
     plot_speedups(results, output / "operator_speedup.png")
+
+
+#: Backends timed by the steered-layer comparison (``separable`` is never faster when steered).
+STEERED_LAYER_BACKENDS = ("auto", "dense", "local")
+
+
+@dataclass
+class SteeredLayerConfig:
+    """One steered SSoG layer against one MHA layer, forward, at equal shapes.
+
+    The SSoG layer steers ``steer`` with its gates open (``steer_gate_init = 8``, gate
+    ``sigmoid(8) = 0.9997``), so centres move up to ``steer_radius`` tokens and widths
+    vary per query: the case the windowed steered path is for.
+    """
+
+    grids: Sequence[int] = (32, 48)
+    batch: int = 2
+    dim: int = 384
+    heads: int = 6
+    atoms: int = 4
+    steer: Sequence[str] = ("mu", "sigma")
+    backends: Sequence[str] = STEERED_LAYER_BACKENDS
+    device: str = "cpu"
+    rounds: int = 10
+    warmup: int = 2
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.backends) - set(BACKENDS))
+        if unknown:
+            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKENDS)}")
+        for name in ("batch", "dim", "heads", "atoms", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.grids or min(self.grids) < 1:
+            raise ValueError(f"grids must be positive grid sides, got {list(self.grids)}")
+
+
+def run_steered_layer_benchmark(
+    config: SteeredLayerConfig, progress: Callable[[str], None] = print
+) -> list[dict[str, float | int | str]]:
+    """Time the MHA layer and the steered SSoG layer (one per backend, same weights),
+    interleaved, under ``torch.inference_mode``; one row per (grid, candidate) with the
+    median over rounds of ``t_mha / t_candidate`` and its quartiles."""
+    device = torch.device(config.device)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(config.dim, config.heads).to(device).eval()
+    ssog = SSoGAttention(
+        config.dim, config.heads, config.atoms, steer=tuple(config.steer), steer_gate_init=8.0
+    ).to(device).eval()
+    rows: list[dict[str, float | int | str]] = []
+    for grid in config.grids:
+        x = torch.randn(config.batch, 1 + grid * grid, config.dim, device=device)
+        calls: dict[str, Callable[[], torch.Tensor]] = {"mha": _layer_call(mha, x, grid)}
+        for backend in config.backends:
+            calls[f"ssog-{backend}"] = _layer_call(ssog, x, grid, backend)
+        with torch.inference_mode():
+            stats = time_interleaved(calls, device=device, warmup=config.warmup, iters=config.rounds)
+        base = stats["mha"].samples
+        for name, stat in stats.items():
+            q1, median, q3 = quartiles([b / t for b, t in zip(base, stat.samples)])
+            rows.append({
+                "grid": grid, "tokens": grid * grid, "candidate": name, "median_ms": 1e3 * stat.median,
+                "speedup_median": median, "speedup_q1": q1, "speedup_q3": q3,
+            })
+        summary = ", ".join(f"{r['candidate']} {r['speedup_median']:.2f}x" for r in rows[-len(stats):][1:])
+        progress(f"steered layer {grid}x{grid}: MHA {1e3 * stats['mha'].median:.1f} ms; {summary}")
+    return rows
+
+
+def _layer_call(layer: torch.nn.Module, x: torch.Tensor, grid: int, backend: str | None = None) -> Callable[[], torch.Tensor]:
+    """``layer(x, (grid, grid))``, with ``layer.backend`` set to ``backend`` for the call."""
+
+    def call() -> torch.Tensor:
+        if backend is not None:
+            layer.backend = backend
+        return layer(x, (grid, grid))
+
+    return call
+
+
+def steered_layer_table(rows: list[dict[str, float | int | str]]) -> str:
+    lines = ["| grid | tokens | candidate | median ms | speedup vs MHA (median [q1, q3]) |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['grid']} | {r['tokens']} | {r['candidate']} | {r['median_ms']:.2f} | "
+        f"{r['speedup_median']:.2f} [{r['speedup_q1']:.2f}, {r['speedup_q3']:.2f}] |"
+        for r in rows
+    ]
+    return "\n".join(lines)

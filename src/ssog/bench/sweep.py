@@ -1,4 +1,4 @@
-"""Model inference sweep: family x op x width x resolution x batch size.
+"""Model sweep, inference or training: family x op x width x resolution x batch size.
 
 A point is one (family, op, size, resolution, batch size). For each (family, size,
 resolution) the registered timm models ``{op}_{family}_{size}_patch*`` of every op are
@@ -13,8 +13,12 @@ built at that resolution with random weights, and for each batch size:
 3. one more pass per model measures peak memory (:func:`ssog.bench.memory.peak_memory`;
    parameters, buffers and the input batch count as resident).
 
-Everything runs under ``torch.inference_mode``, with autocast for fp16/bf16 (parameters
-and inputs stay fp32, as in the paper).
+Inference (``mode="inference"``) runs forward passes under ``torch.inference_mode``, models
+in ``eval()``. Training (``mode="train"``) times whole optimisation steps, models in
+``train()``: forward, cross-entropy on random labels, backward and an AdamW step (gradients
+set to ``None`` after each step, so their memory counts in the step's peak; the optimizer's
+state counts as resident). Both use autocast for fp16/bf16 (parameters and inputs stay
+fp32, as in the paper; no loss scaling).
 
 Out of memory (Fig. 5 semantics): a curve is one (family, op, size, batch size) over
 increasing resolution. The first resolution that runs out of memory is recorded with
@@ -42,6 +46,7 @@ from ssog.models import count_flops
 __all__ = [
     "DTYPES",
     "FAMILIES",
+    "MODES",
     "OPS",
     "PRESETS",
     "SweepConfig",
@@ -52,6 +57,7 @@ __all__ = [
 # Paper order of Fig. 5's rows: continuous (ODE-ViT), discrete (ViT), looped (bViT).
 FAMILIES = ("odevit", "vit", "loopvit")
 OPS = ("mha", "ssog")
+MODES = ("inference", "train")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MiB = 2**20
@@ -80,9 +86,12 @@ class SweepConfig:
     iters: int = 3
     device: str = "auto"
     dtype: str = "auto"
+    mode: str = "inference"
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
         _check_choices("families", self.families, FAMILIES)
         _check_choices("ops", self.ops, OPS)
         if not self.resolutions or min(self.resolutions) < 1:
@@ -164,6 +173,18 @@ def _forward(model: nn.Module, images: torch.Tensor, dtype: str) -> torch.Tensor
         return model(images)
 
 
+def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor, dtype: str) -> None:
+    """One optimisation step: forward (autocast as in :func:`_forward`), loss, backward, AdamW."""
+    loss = nn.functional.cross_entropy(_forward(model, images, dtype).float(), labels)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+
+
 def _release(device: torch.device) -> None:
     """Return freed CUDA memory to the device (CPU tensors are freed as they die)."""
     if device.type == "cuda":
@@ -198,14 +219,24 @@ def _measure(
     dtype: str,
     warmup: int,
     iters: int,
+    mode: str = "inference",
 ) -> dict[str, dict[str, float] | None]:
-    """Throughput and peak memory of each model on ``images``; ``None`` where it ran out of memory."""
+    """Throughput and peak memory of each model on ``images`` (forward passes, or training
+    steps with ``mode="train"``); ``None`` where it ran out of memory."""
     measured: dict[str, dict[str, float] | None] = {}
     calls: dict[str, Callable[[], Any]] = {}
+    optimizers: dict[str, torch.optim.Optimizer] = {}
     batch_size = images.shape[0]
-    with torch.inference_mode():
+    train = mode == "train"
+    labels = torch.randint(NUM_CLASSES, (batch_size,), device=device)
+    with torch.inference_mode(not train):
         for op, model in models.items():
-            call = partial(_forward, model, images, dtype)
+            model.train(train)
+            if train:
+                optimizers[op] = torch.optim.AdamW(model.parameters())
+                call = partial(_train_step, model, optimizers[op], images, labels, dtype)
+            else:
+                call = partial(_forward, model, images, dtype)
             try:
                 for _ in range(warmup):
                     call()
@@ -219,7 +250,10 @@ def _measure(
         for op, call in calls.items():
             model = models[op]
             try:
-                peak = peak_memory(call, device=device, resident=[*model.parameters(), *model.buffers(), images])
+                resident = [*model.parameters(), *model.buffers(), images]
+                if train:
+                    resident += [labels, *_optimizer_state(optimizers[op])]
+                peak = peak_memory(call, device=device, resident=resident)
             except (RuntimeError, torch.OutOfMemoryError) as error:
                 if not is_out_of_memory(error):
                     raise
@@ -258,7 +292,7 @@ def run_model_sweep(
         models, info = {}, {}
         for op in ops:
             name = model_name(op, family, size)
-            model = timm.create_model(name, img_size=resolution, num_classes=NUM_CLASSES).eval()
+            model = timm.create_model(name, img_size=resolution, num_classes=NUM_CLASSES)
             info[op] = {
                 "dim": model.num_features,
                 "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
@@ -271,10 +305,10 @@ def run_model_sweep(
             if todo:
                 in_chans = next(iter(todo.values())).in_chans
                 images = torch.randn(batch, in_chans, resolution, resolution, device=device)
-                measured = _measure(todo, images, device, dtype, config.warmup, config.iters)
+                measured = _measure(todo, images, device, dtype, config.warmup, config.iters, config.mode)
                 del images
             for op in config.ops:
-                row = _row(family, op, size, resolution, batch, device, dtype, info.get(op, {}))
+                row = _row(family, op, size, resolution, batch, device, dtype, config.mode, info.get(op, {}))
                 if op in measured and measured[op] is None:
                     row["status"] = "oom"
                     out_of_memory.add((family, op, size, batch))
@@ -296,6 +330,7 @@ def _row(
     batch: int,
     device: torch.device,
     dtype: str,
+    mode: str,
     info: Mapping[str, Any],
 ) -> dict[str, Any]:
     """A row with every column, status ``"skipped"`` and no measurement yet."""
@@ -311,6 +346,7 @@ def _row(
         "batch_size": batch,
         "device": str(device),
         "dtype": dtype,
+        "mode": mode,
         "status": "skipped",
         "images_per_s": None,
         "latency_ms": None,

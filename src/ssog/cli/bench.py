@@ -1,4 +1,4 @@
-"""``ssog bench``: inference throughput and peak memory sweeps, and their plots."""
+"""``ssog bench``: inference or training throughput and peak memory sweeps, and their plots."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ssog.bench.sweep import DTYPES, FAMILIES, OPS, PRESETS
+from ssog.bench.sweep import DTYPES, FAMILIES, MODES, OPS, PRESETS
 
 _OVERRIDES = (
     "families", "ops", "size", "resolutions", "batch_sizes", "width_sizes", "width_batch_size",
-    "warmup", "iters", "device", "dtype",
+    "warmup", "iters", "device", "dtype", "mode",
 )
 
 
@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", help="auto (CUDA if available), cpu or cuda[:i]")
     parser.add_argument("--dtype", choices=DTYPES,
                         help="autocast dtype, parameters stay fp32; auto = fp16 on CUDA, fp32 on CPU")
+    parser.add_argument("--mode", choices=MODES,
+                        help="inference (default): forward passes; train: forward + backward + AdamW step, "
+                             "images/s and peak memory of the whole step")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads before measuring")
     parser.add_argument("--output", type=Path, help="output directory (default runs/bench; with --plot, "
                                                      "the directory of RESULTS)")

@@ -2,9 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
 from pathlib import Path
 
-from ..bench.operator import OperatorConfig, markdown_table, run_operator_benchmark, save, steered_memory
+from ..bench.operator import (
+    OperatorConfig,
+    SteeredLayerConfig,
+    markdown_table,
+    run_operator_benchmark,
+    run_steered_layer_benchmark,
+    save,
+    steered_layer_table,
+    steered_memory,
+)
 from ..ops import BACKENDS
 
 
@@ -18,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "peak memory.",
     )
     parser.add_argument("--grids", type=int, nargs="+", default=list(defaults.grids), help="grid sides (tokens)")
-    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--batch", type=int, help=f"batch size (default {defaults.batch}; 2 with --steered-layer)")
     parser.add_argument("--heads", type=int, default=defaults.heads)
     parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
     parser.add_argument("--atoms", type=int, default=defaults.atoms)
@@ -33,12 +44,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steered-grid", type=int, default=64,
                         help="grid side of the steered (mu only) memory check; 0 skips it")
     parser.add_argument("--output", type=Path, default=Path("runs/bench-op"), help="folder for JSON, table and plot")
+    parser.add_argument("--steered-layer", type=int, nargs="+", metavar="GRID",
+                        help="instead: time one steered SSoG layer (mu+sigma, gates open; backends auto, dense, "
+                             "local) against one MHA layer, forward, at these grid sides; uses --batch (default "
+                             "here 2), --rounds, --warmup, --device; D=384, 6 heads")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.steered_layer:
+        return _run_steered_layer(args)
     config = OperatorConfig(
-        grids=args.grids, batch=args.batch, heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
+        grids=args.grids, batch=OperatorConfig.batch if args.batch is None else args.batch, heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
         dtype=args.dtype, device=args.device, backends=args.backends, backward=not args.forward_only,
         rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid,
     )
@@ -52,4 +69,23 @@ def run(args: argparse.Namespace) -> int:
             f"forward+backward peak {steered['forward_backward_peak_mib']:.0f} MiB"
         )
     print(f"wrote {args.output}/operator.json, operator.md, operator_speedup.png")
+    return 0
+
+
+def _run_steered_layer(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench.results import environment
+
+    config = SteeredLayerConfig(
+        grids=args.steered_layer, batch=SteeredLayerConfig.batch if args.batch is None else args.batch, device=args.device, rounds=args.rounds, warmup=args.warmup
+    )
+    rows = run_steered_layer_benchmark(config)
+    args.output.mkdir(parents=True, exist_ok=True)
+    payload = {"config": asdict(config), "environment": environment(torch.device(config.device), "float32"), "rows": rows}
+    (args.output / "steered_layer.json").write_text(json.dumps(payload, indent=2, default=list))
+    table = steered_layer_table(rows)
+    (args.output / "steered_layer.md").write_text(table + "\n")
+    print(table)
+    print(f"wrote {args.output}/steered_layer.json, steered_layer.md")
     return 0

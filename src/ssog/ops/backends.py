@@ -295,8 +295,11 @@ def steered_windows(mu: Tensor, sigma: Tensor, grid_size: tuple[int, int], toler
         # the grid still keeps the border key nearest to it.
         centre = torch.minimum((queries[:, None, :] + mu).clamp_min(0), last)
         reach = steered_reach(sigma, tolerance)
-        first = (centre - reach).floor().clamp_min(0).amin(dim=(0, 1, 3))  # (N, 2)
-        end = torch.minimum((centre + reach).ceil() + 1, last + 1).amax(dim=(0, 1, 3))
+        first = (centre - reach).floor().amin(dim=(0, 1, 3))  # (N, 2)
+        end = (centre + reach).ceil().amax(dim=(0, 1, 3)) + 1
+        # Non-finite parameters (a diverged run) read the whole grid rather than a bogus box.
+        first = first.nan_to_num(0.0).clamp_min(0)
+        end = torch.minimum(end.nan_to_num(float(max(rows, cols))), last + 1)
         return torch.stack([first[:, 0], end[:, 0], first[:, 1], end[:, 1]]).long().view(4, rows, cols)
 
 

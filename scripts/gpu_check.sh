@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# GPU readiness check: everything the project has not yet measured on a GPU, in one run.
+#
+#   scripts/gpu_check.sh [--dry-run] [OUTPUT_DIR]      (default OUTPUT_DIR: runs/gpu_check)
+#
+# On a CUDA machine, in order, each phase under its own time limit (at most 7 min 45 s in all):
+#   1. operator:      ssog bench-op, fp16, every backend (auto, dense, separable, local, triton)
+#                     against SDPA (flash attention on CUDA fp16), grids 14-64, forward and
+#                     forward+backward; then the steered layer (mu+sigma) against MHA at 32x32, 48x48
+#   2. sweep-infer:   the reduced paper sweep, D=768 (base), batch 8 and 64, 224-1024 px, inference
+#   3. sweep-train:   the same sweep, training steps (forward + backward + AdamW)
+#   4. nccl-smoke:    torchrun --nproc_per_node 1 -m ssog train for one short epoch (nccl process group)
+# Results (CSV/JSON/Markdown/plots and one log per phase) go under OUTPUT_DIR; status.txt lists
+# each phase with its exit status (124: its time limit). A failed phase does not stop the
+# others; the script exits non-zero if any failed.
+#
+# --dry-run runs the same phases on the CPU at tiny sizes (seconds; tested in CI).
+# PYTHON (default: python) and TORCHRUN (default: torchrun) select the interpreters.
+set -uo pipefail
+
+dry_run=0
+output=runs/gpu_check
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) dry_run=1 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "gpu_check.sh: unknown option $arg (expected --dry-run or an output folder)" >&2; exit 2 ;;
+        *) output=$arg ;;
+    esac
+done
+python=${PYTHON:-python}
+torchrun=${TORCHRUN:-torchrun}
+mkdir -p "$output"
+: > "$output/status.txt"
+
+if [ "$dry_run" = 1 ]; then
+    operator=(--grids 4 6 --batch 1 --heads 2 --head-dim 16 --rounds 1 --warmup 0 --steered-grid 0 --device cpu)
+    steered=(--steered-layer 4 --rounds 1 --warmup 0 --device cpu)
+    sweep=(--size micro --families vit --resolutions 4 8 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
+    smoke=(--dataset synthetic --set synthetic_size=8 --set synthetic_classes=2 --img-size 8 --epochs 1
+           --batch-size 4 --device cpu --threads 1 --no-progress)
+    limits=(120 120 120 120 120)
+else
+    if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "gpu_check.sh: no CUDA device here; use --dry-run for the CPU rehearsal" >&2
+        exit 2
+    fi
+    operator=(--grids 14 16 24 32 48 64 --dtype float16 --device cuda --rounds 20 --warmup 3
+              --backends auto dense separable local triton --dense-max-grid 64)
+    steered=(--steered-layer 32 48 --device cuda --rounds 20 --warmup 3)
+    sweep=(--preset paper --batch-sizes 8 64 --width-sizes --warmup 2 --iters 5 --device cuda --dtype fp16)
+    smoke=(--model ssog_vit_small_patch16_224 --dataset synthetic --set synthetic_size=512 --img-size 224
+           --epochs 1 --batch-size 64 --device cuda --no-progress)
+    limits=(70 40 110 140 55)
+fi
+
+failed=0
+phase() {  # phase NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2 status
+    shift 2
+    echo "== $name (at most ${limit}s): $*"
+    timeout --kill-after=10 "$limit" "$@" > "$output/$name.log" 2>&1
+    status=$?
+    echo "$name $status" >> "$output/status.txt"
+    if [ "$status" != 0 ]; then
+        failed=1
+        echo "   failed with status $status; last lines of $output/$name.log:"
+        tail -n 5 "$output/$name.log" | sed 's/^/   /'
+    fi
+}
+
+phase operator "${limits[0]}" "$python" -m ssog bench-op "${operator[@]}" --output "$output/operator"
+phase steered-layer "${limits[1]}" "$python" -m ssog bench-op "${steered[@]}" --output "$output/operator"
+phase sweep-inference "${limits[2]}" "$python" -m ssog bench "${sweep[@]}" --mode inference --output "$output/sweep_inference"
+phase sweep-train "${limits[3]}" "$python" -m ssog bench "${sweep[@]}" --mode train --output "$output/sweep_train"
+phase nccl-smoke "${limits[4]}" "$torchrun" --standalone --nproc_per_node 1 -m ssog train "${smoke[@]}" --output "$output/train_smoke"
+
+echo "status per phase (0 = ok, 124 = time limit): $output/status.txt"
+cat "$output/status.txt"
+exit "$failed"

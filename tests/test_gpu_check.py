@@ -1,0 +1,35 @@
+"""scripts/gpu_check.sh --dry-run: every phase of the GPU check runs on the CPU at tiny sizes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+
+
+def test_dry_run_runs_every_phase_and_writes_results(tmp_path):
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PYTHON": sys.executable, "TORCHRUN": str(bin_dir / "torchrun"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    status = dict(line.split() for line in (tmp_path / "status.txt").read_text().splitlines())
+    assert status == dict.fromkeys(
+        ("operator", "steered-layer", "sweep-inference", "sweep-train", "nccl-smoke"), "0"
+    ), done.stdout + done.stderr
+    assert done.returncode == 0
+    operator = json.loads((tmp_path / "operator" / "operator.json").read_text())
+    assert {row["candidate"] for row in operator["results"]} >= {"sdpa", "auto", "separable"}
+    assert (tmp_path / "operator" / "steered_layer.json").is_file()
+    for mode in ("inference", "train"):
+        rows = json.loads((tmp_path / f"sweep_{mode}" / "results.json").read_text())["rows"]
+        assert {row["mode"] for row in rows} == {mode} and all(row["status"] == "ok" for row in rows)
+        assert (tmp_path / f"sweep_{mode}" / "fig5_scaling.png").is_file()
+    assert any((tmp_path / "train_smoke").iterdir())
+
+
+def test_unknown_option_is_one_clear_line(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "--fast"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown option --fast" in done.stderr
