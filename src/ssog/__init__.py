@@ -1,5 +1,8 @@
 """ssog: separable sum-of-Gaussians (SSoG) token mixing for Vision Transformers.
 
+The paper: https://arxiv.org/abs/2611.08236 (arXiv 2611.08236). docs/operator.md defines the
+operator as implemented here; the code cites its sections and those of docs/models.md.
+
 The package imports lazily: ``import ssog.ops`` (the operator) and ``import ssog.layers``
 need torch alone, and the names below load their subpackage on first use.
 ``import ssog.models`` registers the model families with timm, so that
@@ -19,12 +22,14 @@ _EXPORTS = {
     "SSoGAttention": "layers",
     "ssog_matrix": "ops",
     "ssog_mix": "ops",
+    "convert": "conversion",
 }
-_SUBPACKAGES = ("analysis", "bench", "cli", "data", "layers", "models", "ops", "train")
+_SUBPACKAGES = ("analysis", "bench", "cli", "conversion", "data", "export", "layers", "models", "ops", "train")
 
-__all__ = ["CenterNorm", "MultiHeadAttention", "SSoGAttention", "ssog_matrix", "ssog_mix", "__version__"]
+__all__ = ["CenterNorm", "MultiHeadAttention", "SSoGAttention", "convert", "ssog_matrix", "ssog_mix", "__version__"]
 
 if TYPE_CHECKING:
+    from .conversion import convert
     from .layers import CenterNorm, MultiHeadAttention, SSoGAttention
     from .ops import ssog_matrix, ssog_mix
 

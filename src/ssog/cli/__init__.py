@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import Sequence
 
@@ -19,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "train",
     "eval",
     "analyze",
+    "export",
 )
 
 
@@ -38,10 +40,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input is reported as one clear line, not a traceback from deep inside torch.
-        print(f"ssog {args.command}: error: {error}", file=sys.stderr)
+    except (ValueError, OSError, FloatingPointError) as error:
+        # Bad input (and a diverged run) is reported as one clear line, not a traceback
+        # from deep inside torch.
+        print(f"ssog {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"ssog {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def one_line(error: BaseException) -> str:
+    """The message of ``error`` on one line.
+
+    An error raised in a data-loader worker reaches the main process as a copy whose message
+    is the worker's whole traceback; its last line is the original message.
+    """
+    lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    if len(lines) > 1 and lines[1].startswith("Original Traceback"):
+        return lines[-1].partition(": ")[2] or lines[-1]
+    return " ".join(line.strip() for line in lines)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint or a run folder (its best)")
     parser.add_argument("--dataset", help="data source (default: the one the model was trained on)")
-    parser.add_argument("--data-dir", help="data folder for --dataset")
+    parser.add_argument("--data-dir", help="data folder for --dataset; for an ImageFolder run, a folder of class "
+                                           "folders (or with a val/ folder) evaluated whole")
     parser.add_argument("--download", action="store_true", default=None, help="download CIFAR if missing")
     parser.add_argument("--split", default="val", choices=("val", "train"), help="which split to evaluate")
     parser.add_argument("--img-size", type=int, help="evaluate at this image size (pixels)")
@@ -25,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     parser.add_argument("--batch-size", type=int, help="batch size")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--per-class", action="store_true", help="also report Acc@1 of every class")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.add_argument("--output", help="also write the metrics to this JSON file")
     parser.set_defaults(func=run)
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_checkpoint(
         args.checkpoint, data=data, split=args.split, img_size=args.img_size, patch_size=args.patch_size,
         rescale_kernels=args.rescale_kernels, ema=args.ema, batch_size=args.batch_size, device=args.device,
-        progress=not args.json,
+        progress=not args.json, per_class=args.per_class,
     )
     if args.output:
         with open(args.output, "w") as handle:
@@ -50,4 +52,9 @@ def run(args: argparse.Namespace) -> int:
               f"{', kernels rescaled x%.3g' % result['grid_ratio'] if result['rescaled_kernels'] else ''}): "
               f"Acc@1 {result['acc1']:.2f}  Acc@3 {result['acc3']:.2f}  Acc@5 {result['acc5']:.2f}  "
               f"loss {result['loss']:.4f}")
+        if args.per_class:
+            width = max(len("class"), *(len(row["class"]) for row in result["per_class"]))
+            print(f"{'class':<{width}}  images   Acc@1")
+            for row in result["per_class"]:
+                print(f"{row['class']:<{width}}  {row['images']:>6}  {row['acc1']:6.2f}")
     return 0

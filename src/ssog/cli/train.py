@@ -25,7 +25,8 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
     ("--device", "device", str, "auto | cpu | cuda"),
     ("--threads", "threads", int, "intra-op threads of a CPU run (default 1)"),
     ("--checkpoint-every", "checkpoint_every", int, "also save last.safetensors every N optimizer steps"),
-    ("--init-from", "init_from", str, "start from this checkpoint's backbone, with a new head"),
+    ("--init-from", "init_from", str, "start from this checkpoint's backbone, with a new head; or timm:NAME, "
+                                      "timm's ViT NAME converted to SSoG (ssog.convert; pretrained where a hub is reachable)"),
     ("--wandb-project", "wandb_project", str, "log to this Weights & Biases project"),
 ]
 _FLAGS: list[tuple[str, str, str]] = [
@@ -33,6 +34,7 @@ _FLAGS: list[tuple[str, str, str]] = [
     ("--deterministic", "deterministic", "deterministic algorithms (exactly reproducible on CPU)"),
     ("--linear-probe", "linear_probe", "train only the classifier on a frozen backbone"),
     ("--tensorboard", "tensorboard", "also log to TensorBoard (OUTPUT/tensorboard)"),
+    ("--compile", "compile", "train through torch.compile (first steps slower while it compiles)"),
 ]
 
 

@@ -1,13 +1,14 @@
 """Data sources, augmentation levels and restart-safe loaders for training and evaluation."""
 from ssog.data.datasets import (
-    DATASETS, ArrayDataset, DatasetInfo, build_datasets, dataset_targets, stratified_split, training_subset,
+    DATASETS, ArrayDataset, DatasetInfo, build_datasets, dataset_targets, evaluation_folder, stratified_split,
+    training_subset,
 )
 from ssog.data.loader import EpochSampler, ShardSampler, TransformedDataset, build_loader, sample_seed
 from ssog.data.transforms import AUGMENTATIONS, Augmentation, build_transform, get_augmentation
 
 __all__ = [
     "DATASETS", "ArrayDataset", "DatasetInfo", "build_datasets", "dataset_targets", "stratified_split",
-    "training_subset",
+    "training_subset", "evaluation_folder",
     "EpochSampler", "ShardSampler", "TransformedDataset", "build_loader", "sample_seed",
     "AUGMENTATIONS", "Augmentation", "build_transform", "get_augmentation",
 ]

@@ -19,7 +19,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 __all__ = [
     "DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "dataset_targets", "stratified_split",
-    "training_subset",
+    "training_subset", "evaluation_folder",
 ]
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
@@ -212,9 +212,26 @@ def _imagefolder(root: str | None, val_split: float | int | None, seed: int) -> 
             f"{base} has no 'val' folder (found folders: {found}) and val_split is not set; "
             f"expected {IMAGEFOLDER_LAYOUT}"
         )
-    info = DatasetInfo("imagefolder", len(train.classes), 3, 224, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
-                       crop_pct=0.875, classes=tuple(train.classes))
-    return train_set, val_set, info
+    return train_set, val_set, _imagefolder_info(train.classes)
+
+
+def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
+    return DatasetInfo("imagefolder", len(classes), 3, 224, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
+                       crop_pct=0.875, classes=tuple(classes))
+
+
+def evaluation_folder(root: str | Path, split: str = "val") -> tuple[Dataset, DatasetInfo]:
+    """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
+    ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
+    base = Path(root)
+    if not base.is_dir():
+        raise FileNotFoundError(f"data folder {base} does not exist; expected DIR/<class>/<image> or DIR/{split}/<class>/<image>")
+    folder = base / split if (base / split).is_dir() else base
+    if folder == base and {"train", "val"} & {p.name for p in base.iterdir() if p.is_dir()}:
+        raise ValueError(f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)")
+    dataset = _image_folder(folder)
+    return dataset, _imagefolder_info(dataset.classes)
+
 
 
 def build_datasets(

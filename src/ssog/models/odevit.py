@@ -2,7 +2,7 @@
 
 The tokens after the embedding are the initial state ``x(0)``; the model integrates
 ``dx/dt = f(t, x)`` on ``[0, 1]`` with torchdiffeq and classifies ``x(1)``. ``f`` is the
-:class:`VectorField` of SPEC §2 (adaLN-Zero modulation of a parameter-free norm).
+:class:`VectorField` of docs/models.md, "The continuous family" (adaLN-Zero modulation of a parameter-free norm).
 
 Calling the vector field outside the model (e.g. to estimate its Lipschitz constant)::
 
@@ -205,6 +205,10 @@ class OdeViT(ViTBase):
                 f"({', '.join(FIXED_SOLVERS)}) or an adaptive one ({', '.join(ADAPTIVE_SOLVERS)})"
             )
         self.solver, self.steps = solver, steps
+        # torchdiffeq's fixed-grid solver object, for its step function (_fixed_steps).
+        self._stepper = (
+            _TORCHDIFFEQ_SOLVERS[solver](func=None, y0=torch.empty(0), atol=0.0) if steps else None
+        )
         self.rtol = self.rtol if rtol is None else rtol
         self.atol = self.atol if atol is None else atol
         self.adjoint = self.adjoint if adjoint is None else adjoint
@@ -274,11 +278,10 @@ class OdeViT(ViTBase):
         torchdiffeq's step function of the solver (``odeint``'s arithmetic exactly)."""
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         grid = torch.arange(num_steps + 1, dtype=dtype, device=x.device) / self.steps
-        stepper = _TORCHDIFFEQ_SOLVERS[self.solver](func=None, y0=x, atol=self.atol)
         field, states = self._field_function(), []
         for k in range(num_steps):
             t0, t1 = grid[k], grid[k + 1]
-            dx, _ = stepper._step_func(field, t0, t1 - t0, t1, x)
+            dx, _ = self._stepper._step_func(field, t0, t1 - t0, t1, x)
             x = x + dx
             states.append(x)
         return states

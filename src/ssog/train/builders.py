@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import timm
@@ -9,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ssog.data import (
-    DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, training_subset,
+    DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
+    training_subset,
 )
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, barrier
@@ -82,18 +84,40 @@ def build_data(cfg: TrainConfig, ctx: DistContext) -> DataBundle:
     return DataBundle(info, img_size, train_loader, val_loader)
 
 
-def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val") -> tuple[DataLoader, DatasetInfo]:
-    """An evaluation loader (no augmentation) over the ``train`` or ``val`` split at ``cfg.img_size``."""
+def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val",
+                    folder: str | None = None) -> tuple[DataLoader, DatasetInfo]:
+    """An evaluation loader (no augmentation) over the ``train`` or ``val`` split at ``cfg.img_size``,
+    or over every image of an ImageFolder ``folder`` (``folder/<split>`` if it exists; see
+    :func:`~ssog.data.evaluation_folder`)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    train_base, val_base, info = _datasets(cfg, ctx)
+    if folder is not None:
+        dataset, info = evaluation_folder(folder, split)
+        if cfg.crop_pct is not None:
+            info = dataclasses.replace(info, crop_pct=cfg.crop_pct)
+    else:
+        train_base, val_base, info = _datasets(cfg, ctx)
+        dataset = val_base if split == "val" else train_base
     img_size = cfg.img_size or info.native_size
-    dataset = val_base if split == "val" else train_base
     return _eval_loader(dataset, info, img_size, _local_batch(cfg, ctx), cfg, ctx), info
 
 
-def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int) -> torch.nn.Module:
-    """``timm.create_model(cfg.model, **cfg.model_kwargs)`` sized for the data."""
+#: ``init_from`` of a run that starts from a timm VisionTransformer converted to SSoG.
+TIMM_INIT_PREFIX = "timm:"
+
+
+def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int,
+                load_timm_weights: bool = False) -> torch.nn.Module:
+    """``timm.create_model(cfg.model, **cfg.model_kwargs)`` sized for the data.
+
+    With ``init_from="timm:NAME"`` the model is timm's ``NAME`` made SSoG by
+    :func:`ssog.convert` (``model_kwargs`` are its SSoG options), and with
+    ``load_timm_weights`` it starts from NAME's pretrained weights where a hub is reachable
+    (random weights, with a warning, where it is not).
+    """
+    if cfg.init_from and cfg.init_from.startswith(TIMM_INIT_PREFIX):
+        return _converted_timm_model(cfg, cfg.init_from[len(TIMM_INIT_PREFIX):], num_classes, in_chans, img_size,
+                                     load_timm_weights)
     for key, source in RESERVED_MODEL_KWARGS.items():
         if key in cfg.model_kwargs:
             raise ValueError(f"model_kwargs may not set {key!r}: it comes from {source}")
@@ -105,3 +129,24 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
                                  drop_path_rate=cfg.drop_path, **cfg.model_kwargs)
     except TypeError as error:  # an option the model does not take
         raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {error}") from error
+
+
+def _converted_timm_model(cfg: TrainConfig, name: str, num_classes: int, in_chans: int, img_size: int,
+                          pretrained: bool) -> torch.nn.Module:
+    from ssog.conversion import convert
+
+    if not timm.is_model(name):
+        raise ValueError(f"--init-from timm:{name}: timm has no model {name!r}")
+    args = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_path_rate=cfg.drop_path)
+    try:
+        model = timm.create_model(name, pretrained=pretrained, **args)
+    except Exception as error:  # no network / no hub access: the hub client's own error types
+        if not pretrained:
+            raise
+        print(f"warning: no pretrained weights for timm:{name} ({type(error).__name__}); "
+              "starting from timm's random initialisation", file=sys.stderr)
+        model = timm.create_model(name, pretrained=False, **args)
+    try:
+        return convert(model, **cfg.model_kwargs)
+    except TypeError as error:
+        raise ValueError(f"cannot convert timm:{name} with SSoG options {cfg.model_kwargs}: {error}") from error

@@ -88,6 +88,7 @@ class TrainConfig:
     output: str | None = None  # None: runs/<timestamp>
     checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
     progress: bool = True
+    compile: bool = False  # train through torch.compile (the model's forward and backward)
     tensorboard: bool = False
     wandb_project: str | None = None
 

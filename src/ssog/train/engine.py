@@ -33,11 +33,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ssog.data import get_augmentation
-from ssog.train.builders import build_data, build_model
+from ssog.train.builders import TIMM_INIT_PREFIX, build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
-from ssog.train.logger import RunLogger, write_text_atomic
+from ssog.train.logger import RunLogger, progress_bar, write_text_atomic
 from ssog.train.metrics import autocast, evaluate
 from ssog.train.transfer import freeze_backbone, init_from_checkpoint
 
@@ -94,8 +94,9 @@ class Trainer:
         info = self.data.info
 
         _seed_all(cfg.seed)  # the same initial weights in every process
-        self.model = build_model(cfg, info.num_classes, info.in_chans, self.data.img_size)
-        if cfg.init_from and resume_state is None:
+        self.model = build_model(cfg, info.num_classes, info.in_chans, self.data.img_size,
+                                 load_timm_weights=resume_state is None)
+        if cfg.init_from and not cfg.init_from.startswith(TIMM_INIT_PREFIX) and resume_state is None:
             init_from_checkpoint(self.model, cfg.init_from, cfg.init_keep_head, log=self.log)
         if cfg.linear_probe:
             trainable = freeze_backbone(self.model)
@@ -131,6 +132,8 @@ class Trainer:
         if ctx.distributed:
             self.net = DistributedDataParallel(
                 self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+        if cfg.compile:
+            self.net = torch.compile(self.net)
 
         # progress: epochs completed, optimizer steps taken, and the partial epoch's loss sums
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
@@ -157,6 +160,7 @@ class Trainer:
         return {
             "kind": "last",
             "config": self.cfg.to_dict(),
+            "classes": list(self.data.info.classes),
             "model": self.model.state_dict(),
             "ema": self.ema.module.state_dict() if self.ema else None,
             "optimizer": self.optimizer.state_dict(),
@@ -179,7 +183,8 @@ class Trainer:
 
     def _save_best(self, metrics: dict[str, Any]) -> None:
         save_checkpoint(self.output / "best.safetensors", {
-            "kind": "best", "config": self.cfg.to_dict(), "model": self.model.state_dict(),
+            "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
+            "model": self.model.state_dict(),
             "ema": self.ema.module.state_dict() if self.ema else None,
             "progress": {"epoch": self.epoch, "global_step": self.global_step}, "metrics": metrics,
         })
@@ -241,8 +246,8 @@ class Trainer:
         local_batch = cfg.batch_size // self.ctx.world_size
         loader.sampler.set_epoch(self.epoch, start=self.step_in_epoch * local_batch)
         self.net.train()
-        bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                   disable=not (self.main and cfg.progress), leave=False, dynamic_ncols=True)
+        bar = progress_bar(self.main and cfg.progress, total=self.steps_per_epoch, initial=self.step_in_epoch,
+                           desc=f"epoch {self.epoch + 1}/{cfg.epochs}")
         start = time.perf_counter() - self.epoch_time
         for images, targets in loader:
             loss = self._train_step(images, targets)

@@ -4,15 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from ssog.train.builders import build_eval_data, build_model
-from ssog.train.checkpoint import check_state_dict, checkpoint_path
+from ssog.train.builders import build_eval_data
+from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import init_distributed
 from ssog.train.engine import torch_settings
+from ssog.train.logger import progress_bar
 from ssog.train.metrics import evaluate
-from ssog.train.transfer import load_weights, set_input_size
+from ssog.train.transfer import model_from_checkpoint, set_input_size
 
 __all__ = ["evaluate_checkpoint"]
 
@@ -29,6 +28,7 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     device: str = "auto",
     progress: bool = True,
+    per_class: bool = False,
 ) -> dict[str, Any]:
     """Metrics (``loss``, ``acc1``, ``acc3``, ``acc5``) of a run's checkpoint.
 
@@ -37,35 +37,53 @@ def evaluate_checkpoint(
     ``data_dir``, ``val_split``, ...). ``img_size`` / ``patch_size`` evaluate at another input
     (the model's position embedding and patch embedding are resampled by timm), and
     ``rescale_kernels`` also scales SSoG's mu and sigma by the grid ratio (Table 13).
+
+    For an ImageFolder run, a ``data["data_dir"]`` given here is evaluated whole:
+    ``DIR/<split>`` if it exists, else ``DIR`` itself as class folders (no ``train`` folder
+    needed, the run's ``val_split`` not applied); its class folders must be the run's classes.
+    ``per_class`` adds ``per_class``: ``[{"class", "images", "acc1"}, ...]``.
     """
+    for name, value in (("img_size", img_size), ("patch_size", patch_size), ("batch_size", batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
     path = checkpoint_path(checkpoint, "best")
-    weights, config = load_weights(path, ema=ema)
+    model = model_from_checkpoint(path, ema=ema)  # the trained size, weights checked and loaded
+    config = read_checkpoint_info(path).get("config")
     if config is None:
         raise ValueError(f"{path} holds weights only; ssog eval needs a checkpoint written by ssog train")
     values = dict(config, **(data or {}))
     values.update(output=None, init_from=None, progress=progress, device=device)
     if batch_size is not None:
         values["batch_size"] = batch_size
-    trained_size = values.get("img_size")
-    values["img_size"] = img_size or trained_size
+    values["img_size"] = img_size or values.get("img_size")
     cfg = TrainConfig.from_dict(values)
     ctx = init_distributed(cfg.device)
-    loader, info = build_eval_data(cfg, ctx, split)
+    # A folder given here is evaluated whole: the run's val_split belongs to the run's own data.
+    folder = (data or {}).get("data_dir") if cfg.dataset == "imagefolder" else None
+    loader, info = build_eval_data(cfg, ctx, split, folder=folder)
+    if folder is not None:
+        _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
 
-    # Build at the trained size, load, then move to the new size the way timm resamples.
-    trained = TrainConfig.from_dict({**values, "img_size": trained_size})
-    model = build_model(trained, info.num_classes, info.in_chans, trained.img_size or info.native_size)
-    check_state_dict(model, weights, f"checkpoint {path}")
-    model.load_state_dict(weights)
+    in_chans = model.patch_embed.proj.in_channels
+    if (model.num_classes, in_chans) != (info.num_classes, info.in_chans):
+        raise ValueError(f"checkpoint {path} classifies {model.num_classes} classes of {in_chans}-channel "
+                         f"images; the data has {info.num_classes} classes, {info.in_chans} channels")
+    # Move from the trained size to the new one the way timm resamples.
     ratio = 1.0
     if img_size is not None or patch_size is not None:
         ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
     elif rescale_kernels:
         raise ValueError("--rescale-kernels needs --img-size or --patch-size (a new grid to rescale to)")
     model.to(ctx.device)
-    bar = (lambda it: tqdm(it, desc="eval", leave=False, dynamic_ncols=True)) if progress else None
+    bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
     with torch_settings(cfg, ctx):
-        metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar)
+        metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class)
+    if per_class:
+        names = info.classes or tuple(str(i) for i in range(info.num_classes))
+        metrics["per_class"] = [
+            {"class": name, "images": count, "acc1": acc}
+            for name, count, acc in zip(names, metrics.pop("class_counts"), metrics.pop("class_acc1"))
+        ]
     grid = tuple(model.patch_embed.grid_size)
     return {
         **metrics, "checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split,
@@ -73,3 +91,17 @@ def evaluate_checkpoint(
         "patch_size": list(model.patch_embed.patch_size), "grid": list(grid), "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema,
     }
+
+
+def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...], folder: str, path: Path) -> None:
+    """The evaluated folder's classes must be the run's, in the same order (same label indices)."""
+    if run_classes is None:  # checkpoints written before class names were stored
+        return
+    if list(folder_classes) != list(run_classes):
+        missing = sorted(set(run_classes) - set(folder_classes))
+        extra = sorted(set(folder_classes) - set(run_classes))
+        raise ValueError(
+            f"the class folders of {folder} are not the classes the run {path} was trained on "
+            f"(missing: {missing[:5] or 'none'}, not in the run: {extra[:5] or 'none'}; "
+            f"expected {len(run_classes)} folders: {', '.join(run_classes[:10])}{', ...' if len(run_classes) > 10 else ''})"
+        )

@@ -5,9 +5,12 @@ import csv
 import io
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 __all__ = ["RunLogger", "plot_curves", "write_text_atomic"]
 
@@ -105,3 +108,9 @@ class RunLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def progress_bar(enabled: bool = True, **kwargs: Any) -> tqdm:
+    """A tqdm bar on stderr, drawn only when ``enabled`` and stderr is a terminal: in a file or
+    pipe its carriage-return updates would flood the log (the run logs one line per epoch)."""
+    return tqdm(disable=not (enabled and sys.stderr.isatty()), leave=False, dynamic_ncols=True, **kwargs)

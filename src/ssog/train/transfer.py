@@ -1,6 +1,7 @@
 """Moving weights between settings: warm starts, linear probes, other input and patch sizes."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -137,3 +138,38 @@ def set_input_size(model: torch.nn.Module, img_size: int | None = None, patch_si
                          patch_size=None if patch_size is None else (patch_size, patch_size),
                          **({"rescale_kernels": True} if rescale_kernels else {}))
     return model.patch_embed.grid_size[0] / old_grid[0]
+
+
+def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Module:
+    """The trained model of an ssog checkpoint (a run folder: its ``best``), on the CPU.
+
+    Built from the run's config, with the classes, channels and input size read off the
+    weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights.
+    """
+    from ssog.train.builders import build_model
+    from ssog.train.checkpoint import checkpoint_path
+    from ssog.train.config import TrainConfig
+
+    path = checkpoint_path(path, "best")
+    weights, config = load_weights(path, ema=ema)
+    if config is None:
+        raise ValueError(f"{path} holds weights only; building its model needs a checkpoint written by ssog train")
+    cfg = TrainConfig.from_dict({**config, "output": None, "init_from": _architecture_init(config.get("init_from"))})
+    proj = weights["patch_embed.proj.weight"]  # (D, C, p, p)
+    tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
+    grid = math.isqrt(tokens)
+    if grid * grid != tokens:
+        raise ValueError(f"{path}: a position embedding of {tokens} patch tokens is not a square grid")
+    head = weights.get("head.weight")
+    model = build_model(cfg, 0 if head is None else head.shape[0], proj.shape[1], grid * proj.shape[-1])
+    check_state_dict(model, weights, f"checkpoint {path}")
+    model.load_state_dict(weights)
+    return model
+
+
+def _architecture_init(init_from: str | None) -> str | None:
+    """What of a run's ``init_from`` rebuilding its model needs: a ``timm:NAME`` start is the
+    architecture (a converted timm model); a checkpoint start only gave initial weights."""
+    from ssog.train.builders import TIMM_INIT_PREFIX
+
+    return init_from if init_from and init_from.startswith(TIMM_INIT_PREFIX) else None

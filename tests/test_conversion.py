@@ -1,0 +1,76 @@
+"""``ssog.convert``: timm ViTs (DeiT distilled, registers) with every attention made SSoG."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import ssog
+from ssog.conversion import ConvertedAttention
+
+
+def _converted(name: str, **kwargs):
+    torch.manual_seed(0)
+    # The architecture of `name` on 64 px images (a 4x4 grid): the same weights, a cheap test.
+    original = timm.create_model(name, pretrained=False, img_size=64, num_classes=5, **kwargs).eval()
+    before = {k: v.clone() for k, v in original.state_dict().items()}
+    return ssog.convert(original, num_atoms=2), before
+
+
+@pytest.mark.parametrize("name,kwargs,prefix", [
+    ("vit_tiny_patch16_224", {}, 1),
+    ("deit_tiny_distilled_patch16_224", {}, 2),
+    ("vit_tiny_patch16_224", {"reg_tokens": 4}, 5),
+])
+def test_convert_keeps_every_weight_that_applies(name, kwargs, prefix):
+    model, before = _converted(name, **kwargs)
+    mixers = [block.attn for block in model.blocks]
+    assert all(isinstance(m, ConvertedAttention) and m.num_prefix_tokens == prefix for m in mixers)
+    after = model.state_dict()
+    dim = model.embed_dim
+    for i in range(len(mixers)):
+        attn = f"blocks.{i}.attn."
+        assert torch.equal(after[attn + "v.weight"], before[attn + "qkv.weight"][2 * dim:])
+        assert torch.equal(after[attn + "v.bias"], before[attn + "qkv.bias"][2 * dim:])
+        assert torch.equal(after[attn + "proj.weight"], before[attn + "proj.weight"])
+    kept = [k for k in before if ".attn." not in k]
+    assert kept and all(torch.equal(after[k], before[k]) for k in kept)  # embeddings, tokens, norms, MLPs, heads
+    with torch.no_grad():
+        logits = model(torch.randn(2, 3, 64, 64))
+    assert logits.shape == (2, 5) and torch.isfinite(logits).all()
+
+
+def test_prefix_tokens_as_the_operator_defines_them():
+    model, _ = _converted("deit_tiny_distilled_patch16_224")
+    captured = {}
+    model.blocks[0].attn.register_forward_hook(lambda m, args, out: captured.update(x=args[0], out=out))
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64, 64))
+        mixer, x = model.blocks[0].attn, captured["x"]
+        matrix = mixer.attention_matrix(x, (4, 4))
+        values = mixer.v(x)
+        # A prefix query's output is the mean of the patch values.
+        torch.testing.assert_close(captured["out"][:, :2], mixer.proj(values[:, 2:].mean(1, keepdim=True)).expand(-1, 2, -1))
+    assert torch.all(matrix[:, :, :, :2] == 0)  # no query reads a prefix token
+
+
+def test_convert_rejects_what_it_cannot_keep():
+    with pytest.raises(ValueError, match="takes a timm VisionTransformer"):
+        ssog.convert(torch.nn.Linear(2, 2))
+    model, _ = _converted("vit_tiny_patch16_224")
+    with pytest.raises(ValueError, match="no attention mask"):
+        model.blocks[0].attn(torch.randn(1, 17, model.embed_dim), attn_mask=torch.ones(17, 17, dtype=torch.bool))
+
+
+def test_init_from_timm_builds_the_converted_model():
+    from ssog.train import TrainConfig
+    from ssog.train.builders import build_model
+
+    cfg = TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:vit_tiny_patch16_224",
+                      model_kwargs={"num_atoms": 2}, dataset="synthetic", img_size=32)
+    model = build_model(cfg, num_classes=4, in_chans=3, img_size=32)
+    assert type(model).__name__ == "VisionTransformer" and model.num_classes == 4
+    assert all(isinstance(block.attn, ConvertedAttention) and block.attn.num_atoms == 2 for block in model.blocks)
+    bad = TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:no_such_vit", dataset="synthetic")
+    with pytest.raises(ValueError, match="timm has no model 'no_such_vit'"):
+        build_model(bad, num_classes=4, in_chans=3, img_size=32)

@@ -1,0 +1,77 @@
+"""``ssog eval --data-dir DIR`` on a folder of class folders (or DIR/val), for an ImageFolder run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ssog.cli import main
+from ssog.train import evaluate_checkpoint
+from ssog.train.builders import build_model
+from ssog.train.checkpoint import save_checkpoint
+
+
+def _class_folders(root, classes=("cat", "dog"), per_class=3):
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def imagefolder_run(tmp_path, tiny_config):
+    """A run trained on DIR/train with val_split (its checkpoint, without training it)."""
+    _class_folders(tmp_path / "data" / "train", per_class=4)
+    cfg = tiny_config(tmp_path / "run", dataset="imagefolder", data_dir=str(tmp_path / "data"), val_split=2,
+                      batch_size=4)
+    model = build_model(cfg, 2, 3, 8)
+    return save_checkpoint(tmp_path / "run" / "best.safetensors", {
+        "kind": "best", "config": cfg.to_dict(), "classes": ["cat", "dog"], "model": model.state_dict(),
+    })
+
+
+def test_a_folder_of_class_folders_is_evaluated_whole(tmp_path, imagefolder_run):
+    folder = _class_folders(tmp_path / "photos", per_class=5)
+    result = evaluate_checkpoint(imagefolder_run, data={"data_dir": str(folder)}, progress=False,
+                                 device="cpu", per_class=True)
+    assert result["samples"] == 10  # every image: no train folder needed, val_split not applied
+    assert [(row["class"], row["images"]) for row in result["per_class"]] == [("cat", 5), ("dog", 5)]
+    assert result["acc1"] == pytest.approx(sum(row["acc1"] * row["images"] for row in result["per_class"]) / 10)
+
+
+def test_a_val_folder_beside_train_is_what_is_evaluated(tmp_path, imagefolder_run):
+    _class_folders(tmp_path / "other" / "train", per_class=4)
+    _class_folders(tmp_path / "other" / "val", per_class=3)
+    result = evaluate_checkpoint(imagefolder_run, data={"data_dir": str(tmp_path / "other")}, progress=False,
+                                 device="cpu")
+    assert result["samples"] == 6
+
+
+def test_the_run_own_data_still_uses_its_val_split(imagefolder_run):
+    assert evaluate_checkpoint(imagefolder_run, progress=False, device="cpu")["samples"] == 2
+
+
+def test_other_class_names_are_a_clear_error(tmp_path, imagefolder_run, capsys):
+    folder = _class_folders(tmp_path / "pets", classes=("cat", "fox"))
+    assert main(["eval", "--checkpoint", str(imagefolder_run), "--data-dir", str(folder), "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "not the classes the run" in error and "fox" in error and "dog" in error
+
+
+def test_cli_per_class_table(tmp_path, imagefolder_run, capsys):
+    folder = _class_folders(tmp_path / "photos")
+    assert main(["eval", "--checkpoint", str(imagefolder_run), "--data-dir", str(folder), "--device", "cpu",
+                 "--per-class"]) == 0
+    out = capsys.readouterr().out
+    assert "class  images   Acc@1" in out and "\ncat         3" in out and "\ndog         3" in out
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    from ssog.train.logger import progress_bar
+
+    assert progress_bar(True, total=3).disable  # pytest's captured stderr is no terminal
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert not progress_bar(True, total=3).disable
+    assert progress_bar(False, total=3).disable
