@@ -49,15 +49,40 @@ def export_onnx(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad():
-        program = torch.onnx.export(
-            model, (example,), dynamo=True, dynamic_shapes=({0: batch},), input_names=["images"],
-            output_names=["logits"], verbose=False,
-        )
+    pinned = _pin_auto_backends(model, batch_size)
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(
+                model, (example,), dynamo=True, dynamic_shapes=({0: batch},), input_names=["images"],
+                output_names=["logits"], verbose=False,
+            )
+    finally:
+        for module, backend in pinned:
+            module.backend = backend
     program.save(str(path))
     # Another batch size than the traced one: the batch dimension must really be dynamic.
     check = torch.randn(batch_size + 1, *input_size, generator=generator)
     return {"path": str(path), "input_size": list(input_size), **verify_onnx(model, path, check, atol=atol)}
+
+
+def _pin_auto_backends(model: nn.Module, batch_size: int) -> list[tuple[nn.Module, str]]:
+    """Fix each ``backend="auto"`` SSoG layer to the backend auto picks for the traced batch.
+
+    Auto's cost model compares costs that depend on the batch size; with a symbolic batch
+    that comparison would be a guard on the dynamic dimension. Returns what to restore.
+    """
+    from .layers import SSoGAttention
+    from .ops.functional import choose_backend
+
+    rows, cols = model.patch_embed.grid_size
+    pinned = []
+    for module in model.modules():
+        if isinstance(module, SSoGAttention) and module.backend == "auto":
+            shape = (batch_size, module.num_heads, rows * cols, module.head_dim)
+            pinned.append((module, module.backend))
+            module.backend = choose_backend(shape, (rows, cols), module.num_atoms, bool(module.steer),
+                                            torch.device("cpu"), False)
+    return pinned
 
 
 def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: float = 1e-4) -> dict[str, Any]:
