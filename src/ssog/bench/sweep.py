@@ -87,6 +87,8 @@ class SweepConfig:
     device: str = "auto"
     dtype: str = "auto"
     mode: str = "inference"
+    #: Measure ``torch.compile``d models (compilation happens in the warm-up calls).
+    compile: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
@@ -298,7 +300,7 @@ def run_model_sweep(
                 "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
                 **_flops(name, resolution),
             }
-            models[op] = model.to(device)
+            models[op] = torch.compile(model.to(device)) if config.compile else model.to(device)
         for batch in batch_sizes:
             todo = {op: model for op, model in models.items() if (family, op, size, batch) not in out_of_memory}
             measured = {}

@@ -10,7 +10,7 @@ from ssog.bench.sweep import DTYPES, FAMILIES, MODES, OPS, PRESETS
 
 _OVERRIDES = (
     "families", "ops", "size", "resolutions", "batch_sizes", "width_sizes", "width_batch_size",
-    "warmup", "iters", "device", "dtype", "mode",
+    "warmup", "iters", "device", "dtype", "mode", "compile",
 )
 
 
@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mode", choices=MODES,
                         help="inference (default): forward passes; train: forward + backward + AdamW step, "
                              "images/s and peak memory of the whole step")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="measure torch.compile'd models (compiled during the warm-up calls)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads before measuring")
     parser.add_argument("--output", type=Path, help="output directory (default runs/bench; with --plot, "
                                                      "the directory of RESULTS)")
