@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from ssog.cli import main
+from ssog.layers import ssog_mixers
 from ssog.train import (
-    TrainConfig, evaluate_checkpoint, freeze_backbone, init_from_checkpoint, load_checkpoint,
-    load_recipe, parse_override, resolve_config, set_input_size, train,
+    TrainConfig, evaluate_checkpoint, freeze_backbone, init_from_checkpoint, load_checkpoint, load_recipe,
+    parse_override, resolve_config, set_input_size, train,
 )
 from ssog.train.builders import build_model
-from ssog.train.transfer import ssog_mixers
 
 
 # ---------------------------------------------------------------- configs and recipes

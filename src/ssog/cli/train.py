@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 # (option, config field, type (None: int or float), help); each overrides the recipe when given
 _OPTIONS: list[tuple[str, str, type | None, str]] = [
@@ -31,6 +32,8 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
 ]
 _FLAGS: list[tuple[str, str, str]] = [
     ("--download", "download", "download CIFAR where a network is available"),
+    ("--skip-bad-images", "skip_bad_images",
+     "leave out ImageFolder files that cannot be read, warning for each (default: refuse them)"),
     ("--deterministic", "deterministic", "deterministic algorithms (exactly reproducible on CPU)"),
     ("--linear-probe", "linear_probe", "train only the classifier on a frozen backbone"),
     ("--tensorboard", "tensorboard", "also log to TensorBoard (OUTPUT/tensorboard)"),
@@ -54,7 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--list-variants", action="store_true", help="print the recipe's variants and exit")
     parser.add_argument("--output", "-o",
                         help="run folder (default: runs/<recipe>/<variant> for a recipe, else runs/<timestamp>)")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="continue the run in DIR from its last checkpoint; only --no-progress, --threads, "
+                             "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config field, e.g. --set model_kwargs.depth=6 (repeatable)")
     for flag, _, kind, text in _OPTIONS:
@@ -67,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ssog.train import parse_override, recipe_variants, resolve_config, train
+    from ssog.train.engine import TrainingInterrupted
 
     if args.list_variants:
         if not args.config:
@@ -80,10 +86,14 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         overrides.append(("progress", False))
     overrides += [parse_override(text) for text in args.set]
-    if args.resume:
-        if args.config or args.variant or overrides:
-            raise ValueError("--resume DIR continues a run with its saved configuration; give no other settings")
-        train(resume=args.resume)
-    else:
-        train(resolve_config(args.config, args.variant, overrides))
+    try:
+        if args.resume:
+            if args.config or args.variant:
+                raise ValueError("--resume DIR continues a run with its saved configuration; give no --config")
+            train(resume=args.resume, resume_changes=dict(overrides))
+        else:
+            train(resolve_config(args.config, args.variant, overrides))
+    except TrainingInterrupted as stop:
+        print(f"ssog train: {stop}", file=sys.stderr)
+        return 128 + stop.signum
     return 0

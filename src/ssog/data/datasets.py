@@ -7,6 +7,8 @@ so that a train and a validation split can share one underlying dataset), plus a
 """
 from __future__ import annotations
 
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -19,13 +21,18 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 __all__ = [
     "DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "dataset_targets", "stratified_split",
-    "training_subset", "evaluation_folder",
+    "training_subset", "image_problem", "unreadable_images", "load_image", "evaluation_folder",
 ]
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+
+# A JPEG's end-of-image marker is looked for this close to the end of the file (some
+# writers append a few bytes after it); entropy-coded data never contains the marker.
+_JPEG_TAIL_BYTES = 1024
+_CHECK_THREADS = 16
 
 IMAGEFOLDER_LAYOUT = (
     "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
@@ -175,19 +182,71 @@ def _cifar(name: str, root: str | None, download: bool, val_split: float | int |
     return train, test, info
 
 
-def _image_folder(path: Path):
+def image_problem(path: str | Path) -> str | None:
+    """Why the image file at ``path`` cannot be used, or ``None`` if it looks whole.
+
+    Cheap, reading headers rather than pixels: PIL must recognise the file and pass its
+    ``verify`` (which for PNG walks every chunk, so a cut-off PNG fails), and a JPEG must keep
+    its end-of-image marker near the end of the file (a truncated download loses it).
+    """
+    try:
+        with Image.open(path) as image:
+            image_format = image.format
+            image.verify()
+    except Exception as error:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ...
+        return f"{type(error).__name__}: {error}"
+    if image_format == "JPEG":
+        with open(path, "rb") as handle:
+            handle.seek(max(0, Path(path).stat().st_size - _JPEG_TAIL_BYTES))
+            if b"\xff\xd9" not in handle.read():
+                return "truncated JPEG (no end-of-image marker)"
+    return None
+
+
+def unreadable_images(paths: Sequence[str | Path]) -> list[tuple[str, str]]:
+    """``(path, reason)`` of every file of ``paths`` that :func:`image_problem` rejects, in order."""
+    with ThreadPoolExecutor(max_workers=_CHECK_THREADS) as pool:  # file reads: threads overlap them
+        problems = list(pool.map(image_problem, paths))
+    return [(str(path), problem) for path, problem in zip(paths, problems) if problem is not None]
+
+
+def load_image(path: str) -> Image.Image:
+    """ImageFolder's loader (an RGB PIL image), with the file named when decoding fails."""
+    try:
+        with open(path, "rb") as handle:
+            return Image.open(handle).convert("RGB")
+    except Exception as error:
+        raise ValueError(f"cannot decode image {path} ({type(error).__name__}: {error}); "
+                         "remove or replace the file") from error
+
+
+def _image_folder(path: Path, skip_bad_images: bool = False):
     from torchvision.datasets import ImageFolder
 
     classes = [p for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
     if not classes:
         raise ValueError(f"{path} has no class folders; expected {IMAGEFOLDER_LAYOUT}")
     try:
-        return ImageFolder(str(path))
+        folder = ImageFolder(str(path), loader=load_image)
     except FileNotFoundError as error:  # class folders without any image file
         raise FileNotFoundError(f"{path}: {error}; expected {IMAGEFOLDER_LAYOUT}") from error
+    bad = unreadable_images([sample for sample, _ in folder.samples])
+    if bad and not skip_bad_images:
+        shown = "; ".join(f"{file} ({reason})" for file, reason in bad[:3])
+        raise ValueError(f"{len(bad)} unreadable image(s) in {path}: {shown}{'; ...' if len(bad) > 3 else ''}; "
+                         "remove them, or pass --skip-bad-images to train without them")
+    if bad:
+        for file, reason in bad:
+            print(f"warning: skipping unreadable image {file} ({reason})", file=sys.stderr)
+        print(f"warning: skipped {len(bad)} unreadable image(s) in {path}", file=sys.stderr)
+        skipped = {file for file, _ in bad}
+        folder.samples = folder.imgs = [s for s in folder.samples if s[0] not in skipped]
+        folder.targets = [target for _, target in folder.samples]
+    return folder
 
 
-def _imagefolder(root: str | None, val_split: float | int | None, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+def _imagefolder(root: str | None, val_split: float | int | None, seed: int,
+                 skip_bad_images: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
     if root is None:
         raise ValueError(f"dataset 'imagefolder' needs data_dir; expected {IMAGEFOLDER_LAYOUT}")
     base = Path(root)
@@ -196,11 +255,14 @@ def _imagefolder(root: str | None, val_split: float | int | None, seed: int) -> 
     if not (base / "train").is_dir():
         found = sorted(p.name for p in base.iterdir() if p.is_dir())
         raise ValueError(f"{base} has no 'train' folder (found folders: {found}); expected {IMAGEFOLDER_LAYOUT}")
-    train = _image_folder(base / "train")
+    train = _image_folder(base / "train", skip_bad_images)
+    if len(train.classes) < 2:
+        raise ValueError(f"{base / 'train'} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
+                         f"classification needs at least 2 classes; expected {IMAGEFOLDER_LAYOUT}")
     if val_split is not None:
         train_set, val_set = _split(train, train.targets, val_split, seed)
     elif (base / "val").is_dir():
-        train_set, val_set = train, _image_folder(base / "val")
+        train_set, val_set = train, _image_folder(base / "val", skip_bad_images)
         if val_set.classes != train.classes:
             raise ValueError(
                 f"class folders of {base / 'val'} ({len(val_set.classes)}) differ from those of "
@@ -220,7 +282,7 @@ def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
                        crop_pct=0.875, classes=tuple(classes))
 
 
-def evaluation_folder(root: str | Path, split: str = "val") -> tuple[Dataset, DatasetInfo]:
+def evaluation_folder(root: str | Path, split: str = "val", skip_bad_images: bool = False) -> tuple[Dataset, DatasetInfo]:
     """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
     ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
     base = Path(root)
@@ -229,9 +291,8 @@ def evaluation_folder(root: str | Path, split: str = "val") -> tuple[Dataset, Da
     folder = base / split if (base / split).is_dir() else base
     if folder == base and {"train", "val"} & {p.name for p in base.iterdir() if p.is_dir()}:
         raise ValueError(f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)")
-    dataset = _image_folder(folder)
+    dataset = _image_folder(folder, skip_bad_images)
     return dataset, _imagefolder_info(dataset.classes)
-
 
 
 def build_datasets(
@@ -244,19 +305,23 @@ def build_datasets(
     synthetic_size: int = 256,
     synthetic_classes: int = 10,
     synthetic_img_size: int = 32,
+    skip_bad_images: bool = False,
 ) -> tuple[Dataset, Dataset, DatasetInfo]:
     """The (train, val, info) of data source ``name`` (one of :data:`DATASETS`).
 
     ``val_split`` (a fraction or a count) splits the validation set off the training set,
     stratified and seeded by ``split_seed``; ``None`` uses the source's own validation split
     (CIFAR's test set, ImageFolder's ``val`` folder, 20% of the digits).
+
+    ImageFolder files are checked before use (:func:`unreadable_images`): an unreadable one is
+    an error naming it, or with ``skip_bad_images`` a warning naming it, and it is left out.
     """
     if name == "digits":
         return _digits(val_split, split_seed)
     if name in ("cifar10", "cifar100"):
         return _cifar(name, data_dir, download, val_split, split_seed)
     if name == "imagefolder":
-        return _imagefolder(data_dir, val_split, split_seed)
+        return _imagefolder(data_dir, val_split, split_seed, skip_bad_images)
     if name == "synthetic":
         return _synthetic(synthetic_size, synthetic_classes, synthetic_img_size, split_seed)
     raise ValueError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")

@@ -9,6 +9,7 @@ import timm
 import torch
 from torch.utils.data import DataLoader
 
+import ssog.models  # noqa: F401  (registers the ssog models with timm)
 from ssog.data import (
     DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
     training_subset,
@@ -39,6 +40,7 @@ def _datasets(cfg: TrainConfig, ctx: DistContext):
             cfg.dataset, cfg.data_dir, download=cfg.download, val_split=cfg.val_split,
             split_seed=cfg.split_seed, synthetic_size=cfg.synthetic_size,
             synthetic_classes=cfg.synthetic_classes, synthetic_img_size=cfg.img_size or 32,
+            skip_bad_images=cfg.skip_bad_images,
         )
         if cfg.train_subset is not None:
             train = training_subset(train, cfg.train_subset, cfg.split_seed)
@@ -92,7 +94,7 @@ def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val",
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if folder is not None:
-        dataset, info = evaluation_folder(folder, split)
+        dataset, info = evaluation_folder(folder, split, cfg.skip_bad_images)
         if cfg.crop_pct is not None:
             info = dataclasses.replace(info, crop_pct=cfg.crop_pct)
     else:

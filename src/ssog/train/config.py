@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import yaml
 
-__all__ = ["TrainConfig", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
+__all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
 
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
@@ -60,6 +60,9 @@ class TrainConfig:
     mixup: float | None = None  # None: the augmentation level's alpha
     cutmix: float | None = None
     num_workers: int = 0
+    # ImageFolder files that fail the up-front check: an error naming them (False), or a
+    # warning naming each and the run goes on without them (True). See docs/training.md.
+    skip_bad_images: bool = False
     # optimisation
     epochs: int = 30
     batch_size: int = 64

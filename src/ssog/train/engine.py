@@ -7,18 +7,26 @@ at the end, ``summary.json``.
 
 Resuming restores weights, optimizer, scheduler, scaler, EMA, the sampler position and every
 process's python/numpy/torch RNG state, so with ``deterministic`` on a CPU a resumed run ends
-with exactly the metrics of an uninterrupted one.
+with exactly the metrics of an uninterrupted one (unless ``lr`` or ``epochs`` are changed on
+resume, see :data:`RESUME_CHANGES`).
+
+Nothing is written before every setting is checked and the data and model are built. A run
+stops cleanly: on SIGINT/SIGTERM it finishes the step, saves ``last`` and raises
+:class:`TrainingInterrupted`; a non-finite loss or weights raise :class:`TrainingDiverged`
+and ``last`` keeps the last finite state (docs/training.md, "When a run stops").
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -37,11 +45,29 @@ from ssog.train.builders import TIMM_INIT_PREFIX, build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
-from ssog.train.logger import RunLogger, progress_bar, write_text_atomic
+from ssog.train.logger import RunLogger, logging_backends, progress_bar, write_text_atomic
 from ssog.train.metrics import autocast, evaluate
-from ssog.train.transfer import freeze_backbone, init_from_checkpoint
+from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
 
-__all__ = ["train", "Trainer"]
+__all__ = ["train", "Trainer", "TrainingDiverged", "TrainingInterrupted", "RESUME_SETTINGS", "RESUME_CHANGES"]
+
+#: Settings ``--resume`` may change without changing the run's results.
+RESUME_SETTINGS = ("progress", "threads", "device", "num_workers")
+#: Settings ``--resume`` may change that change the results: the resumed run is then no
+#: longer bit-identical to an uninterrupted one (the learning-rate schedule is rebuilt).
+RESUME_CHANGES = ("lr", "epochs")
+
+
+class TrainingDiverged(FloatingPointError):
+    """The loss or the weights became non-finite; ``last.safetensors`` keeps the last finite state."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM stopped the run at a step boundary; ``signum`` is the signal."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 def _seed_all(seed: int) -> None:
@@ -141,10 +167,19 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] = {"acc1": -1.0, "epoch": 0}
         _seed_all(cfg.seed + ctx.rank)  # per-process randomness (mixup, drop-path)
+        #: :meth:`position` of the newest last.safetensors, None before the first save
+        self.saved_at: tuple[int, int] | None = None
+        #: the signal that asked the run to stop at the next step boundary
+        self.stop_signal: int | None = None
         if resume_state is not None:
             self._restore(resume_state)
-        self.logger = RunLogger(output, cfg.to_dict(), len(self.history), cfg.tensorboard, cfg.wandb_project) \
-            if self.main else None
+            self.saved_at = self.position()
+        self.logger: RunLogger | None = None  # created by run(), once the run folder exists
+
+    def position(self) -> tuple[int, int]:
+        """``(epoch, step)``: the epoch in progress (or just completed, 1-based) and the
+        optimizer steps taken."""
+        return self.epoch + (1 if self.step_in_epoch else 0), self.global_step
 
     def log(self, message: str) -> None:
         if self.main:
@@ -177,11 +212,67 @@ class Trainer:
         }
 
     def save_last(self) -> None:
+        """Write ``last.safetensors``, unless the weights are no longer finite (then raise
+        :class:`TrainingDiverged`, keeping the previous, finite checkpoint)."""
+        self._check_finite_weights()
         state = self._state()  # every process takes part (RNG gather)
         if self.main:
             save_checkpoint(self.output / "last.safetensors", state)
+        self.saved_at = self.position()
+
+    def _check_finite_weights(self) -> None:
+        bad = next((name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()), None)
+        if bad is not None:
+            self._diverged(f"parameter {bad} is no longer finite")
+
+    def _diverged(self, what: str) -> None:
+        cfg = self.cfg
+        if self.saved_at is None:
+            kept = "no checkpoint had been saved yet"
+            hint = "lower lr" + ("" if cfg.clip_grad else " or set clip_grad")
+        else:
+            epoch, step = self.saved_at
+            kept = f"the last finite checkpoint {self.output / 'last.safetensors'} (epoch {epoch}, step {step}) is kept"
+            hint = (f"resume it with a lower learning rate: ssog train --resume {self.output} --lr {cfg.lr / 10:g}"
+                    + ("" if cfg.clip_grad else " (or start again with clip_grad set)"))
+        raise TrainingDiverged(f"training diverged at epoch {self.epoch + 1} step {self.global_step + 1}: "
+                               f"{what} (lr {cfg.lr:g}); {kept}; {hint}")
+
+    def _stop_if_asked(self) -> None:
+        """At a step boundary, after a SIGINT/SIGTERM: save (one process) and stop."""
+        if self.stop_signal is None:
+            return
+        if not self.ctx.distributed and self.saved_at != self.position():
+            self.save_last()
+        # Several processes could not agree on one step to save without a collective per
+        # step, so a distributed run keeps its newest checkpoint.
+        epoch, step = self.position()
+        kept = "" if self.saved_at in (None, self.position()) else \
+            f" (its last checkpoint, kept, is at epoch {self.saved_at[0]} step {self.saved_at[1]})"
+        resume = f"resume with ssog train --resume {self.output}" if self.saved_at else "no checkpoint was saved"
+        raise TrainingInterrupted(f"interrupted at epoch {epoch} step {step}{kept}; {resume}", self.stop_signal)
+
+    @contextmanager
+    def _signals_stop_at_step_boundary(self) -> Iterator[None]:
+        """SIGINT/SIGTERM set :attr:`stop_signal`; a second one stops at once (KeyboardInterrupt)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be installed from the main thread
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
     def _save_best(self, metrics: dict[str, Any]) -> None:
+        self._check_finite_weights()
         save_checkpoint(self.output / "best.safetensors", {
             "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
             "model": self.model.state_dict(),
@@ -191,13 +282,17 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         check_state_dict(self.model, state["model"], "the checkpoint")
+        check_finite_weights(state["model"], "the checkpoint")
         self.model.load_state_dict(state["model"])
         if self.ema is not None:
             if state.get("ema") is None:
                 raise ValueError("the checkpoint has no EMA weights but the config enables EMA")
             self.ema.module.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        saved = state["config"]
+        schedule_changed = any(saved.get(key) != getattr(self.cfg, key) for key in RESUME_CHANGES)
+        if not schedule_changed:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         progress = state["progress"]
         self.epoch, self.step_in_epoch = progress["epoch"], progress["step_in_epoch"]
@@ -208,6 +303,8 @@ class Trainer:
         if self.step_in_epoch > self.steps_per_epoch:
             raise ValueError(f"checkpoint is at step {self.step_in_epoch} of an epoch that has only "
                              f"{self.steps_per_epoch} steps: the data or batch size changed")
+        if schedule_changed:  # the new schedule's learning rate at the step reached
+            self.scheduler.step_update(num_updates=self.global_step)
         if state["world_size"] == self.ctx.world_size:
             _set_rng_state(state["rng"][self.ctx.rank])
         else:
@@ -227,7 +324,7 @@ class Trainer:
             loss = self.criterion(self.net(images), targets)
         value = loss.item()
         if not np.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at step {self.global_step + 1}: lower lr or set clip_grad")
+            self._diverged(f"the loss is {value}")
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if cfg.clip_grad:
@@ -249,18 +346,27 @@ class Trainer:
         bar = progress_bar(self.main and cfg.progress, total=self.steps_per_epoch, initial=self.step_in_epoch,
                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}")
         start = time.perf_counter() - self.epoch_time
-        for images, targets in loader:
-            loss = self._train_step(images, targets)
-            self.loss_sum += loss * len(images)
-            self.loss_count += len(images)
-            self.step_in_epoch += 1
-            bar.update()
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
-            self.epoch_time = time.perf_counter() - start
-            if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
-                    and self.step_in_epoch < self.steps_per_epoch:
-                self.save_last()
-        bar.close()
+        try:
+            for images, targets in loader:
+                loss = self._train_step(images, targets)
+                self.loss_sum += loss * len(images)
+                self.loss_count += len(images)
+                self.step_in_epoch += 1
+                bar.update()
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
+                self.epoch_time = time.perf_counter() - start
+                if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
+                        and self.step_in_epoch < self.steps_per_epoch:
+                    self.save_last()
+                self._stop_if_asked()
+        except RuntimeError:
+            # A terminal's Ctrl-C also reaches the loader's workers, which then exit: the
+            # loader's complaint about that is the interruption, not an error.
+            if self.stop_signal is None:
+                raise
+            self._stop_if_asked()
+        finally:
+            bar.close()
 
     def _end_epoch(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -280,6 +386,15 @@ class Trainer:
         return record
 
     def run(self) -> dict[str, Any]:
+        """Train to ``cfg.epochs`` (from where a resumed state left off) in the existing run folder."""
+        cfg = self.cfg
+        if self.main:
+            self.logger = RunLogger(self.output, cfg.to_dict(), len(self.history), cfg.tensorboard,
+                                    cfg.wandb_project)
+        with self._signals_stop_at_step_boundary():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.main:
             self.log(f"training {cfg.model} ({self.params:,} parameters) on {cfg.dataset} "
@@ -301,6 +416,7 @@ class Trainer:
                          f"val loss {record['val_loss']:.4f}, Acc@1 {record['acc1']:.2f}, "
                          f"Acc@5 {record['acc5']:.2f} ({record['epoch_time_s']:.1f}s)")
             self.save_last()
+            self._stop_if_asked()
         summary = self._summary()
         if self.main:
             write_text_atomic(self.output / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -346,15 +462,69 @@ def _output_dir(cfg: TrainConfig, ctx: DistContext) -> Path:
     return Path(name[0])
 
 
-def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> dict[str, Any]:
+def _check_output(output: Path, resuming: bool) -> None:
+    """Raise ValueError unless a new run (or the resumed one) can be written to ``output``."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is an existing file, not a folder; choose another --output")
+    if not resuming:
+        for name in ("last.safetensors", "best.safetensors"):
+            if (output / name).exists():
+                hint = f"continue it with --resume {output} or " if name == "last.safetensors" else ""
+                raise ValueError(f"{output} already holds a run ({name}): {hint}choose another --output")
+    existing = next(parent for parent in (output, *output.parents) if parent.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--output {output}: {existing} is a file, not a folder; choose another --output")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {output}: {existing} is not writable; choose another --output")
+
+
+def _create_run_folder(output: Path, cfg: TrainConfig) -> None:
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for stale in output.glob(".*.tmp"):  # left by a process killed while saving
+            stale.unlink()
+        write_text_atomic(output / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as error:  # e.g. a read-only file system, which os.access may not tell
+        raise ValueError(f"cannot write the run folder {output}: {error.strerror or error}") from error
+
+
+def _apply_resume_changes(cfg: TrainConfig, changes: Mapping[str, Any], epochs_done: int) -> list[str]:
+    """Set ``changes`` on a resumed run's ``cfg``; return notes for the ones that change its results."""
+    allowed = RESUME_SETTINGS + RESUME_CHANGES
+    refused = sorted(set(changes) - set(allowed))
+    if refused:
+        raise ValueError(f"--resume continues a run with its saved settings; {', '.join(refused)} cannot "
+                         f"change (allowed: {', '.join(allowed)})")
+    notes = []
+    for key, value in changes.items():
+        if key in RESUME_CHANGES and value != getattr(cfg, key):
+            notes.append(f"note: {key} changed from {getattr(cfg, key)} to {value} on resume: the run is "
+                         "no longer bit-identical to an uninterrupted one")
+        setattr(cfg, key, value)
+    cfg.validate()
+    if cfg.epochs < epochs_done:
+        raise ValueError(f"epochs={cfg.epochs} is fewer than the {epochs_done} epochs this run has done")
+    return notes
+
+
+def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
+          resume_changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Train and return the summary (also written to ``<output>/summary.json``).
 
     ``resume``: a run folder (or a checkpoint file) to continue; the configuration then
-    comes from the checkpoint, and ``cfg`` must be None. Launch under ``torchrun`` for DDP.
+    comes from the checkpoint, and ``cfg`` must be None. ``resume_changes`` may set the fields
+    of :data:`RESUME_SETTINGS` and :data:`RESUME_CHANGES` on resume. Launch under ``torchrun``
+    for DDP.
+
+    Every setting is checked, and the data and model built, before the run folder is created.
+    Raises :class:`TrainingInterrupted` after SIGINT/SIGTERM and :class:`TrainingDiverged` on a
+    non-finite loss or weights, both with ``last.safetensors`` saved or kept.
     """
     if resume is not None and cfg is not None:
         raise ValueError("--resume continues a run with its saved configuration: give no other config")
-    state = None
+    if resume_changes and resume is None:
+        raise ValueError("resume_changes apply to a resumed run only")
+    state, notes = None, []
     if resume is not None:
         path = checkpoint_path(resume, "last")
         state = load_checkpoint(path)
@@ -362,21 +532,22 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -
             raise ValueError(f"{path} is a {state.get('kind')!r} checkpoint; resume needs a run's last.safetensors")
         cfg = TrainConfig.from_dict(state["config"])
         cfg.output = str(path.parent)
+        notes = _apply_resume_changes(cfg, resume_changes or {}, state["progress"]["epoch"])
     cfg = cfg or TrainConfig()
+    logging_backends(cfg.tensorboard, cfg.wandb_project)  # a missing package is a setting error
     ctx = init_distributed(cfg.device)
     try:
         output = _output_dir(cfg, ctx)
         cfg.output = str(output)
         if ctx.is_main:
-            if state is None and (output / "last.safetensors").exists():
-                raise ValueError(f"{output} already holds a run (last.safetensors): continue it with "
-                                 f"--resume {output} or choose another --output")
-            output.mkdir(parents=True, exist_ok=True)
-            for stale in output.glob(".*.tmp"):  # left by a process killed while saving
-                stale.unlink()
-            write_text_atomic(output / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            _check_output(output, resuming=state is not None)
         with torch_settings(cfg, ctx):
-            return Trainer(cfg, ctx, output, state).run()
+            trainer = Trainer(cfg, ctx, output, state)
+            if ctx.is_main:
+                _create_run_folder(output, cfg)
+                for note in notes:
+                    trainer.log(note)
+            return trainer.run()
     finally:
         if ctx.distributed and dist.is_initialized():
             dist.destroy_process_group()

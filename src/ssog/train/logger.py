@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["RunLogger", "plot_curves", "write_text_atomic"]
+__all__ = ["RunLogger", "logging_backends", "plot_curves", "write_text_atomic"]
 
 PLOT_INTERVAL_S = 60.0
 
@@ -50,6 +50,25 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def logging_backends(tensorboard: bool, wandb_project: str | None) -> tuple[Any, Any]:
+    """TensorBoard's ``SummaryWriter`` and the ``wandb`` module, each ``None`` unless asked for;
+    a ValueError naming the package when one asked for is not installed."""
+    summary_writer = wandb = None
+    if tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter as summary_writer
+        except ImportError as error:
+            raise ValueError("tensorboard logging needs the tensorboard package: "
+                             "pip install 'ssog[logging]'") from error
+    if wandb_project:
+        try:
+            import wandb
+        except ImportError as error:
+            raise ValueError("Weights & Biases logging needs the wandb package: "
+                             "pip install 'ssog[logging]'") from error
+    return summary_writer, wandb
+
+
 class RunLogger:
     """Writes ``log.jsonl``, ``log.csv`` and ``curves.png`` in ``output`` after every epoch.
 
@@ -62,19 +81,10 @@ class RunLogger:
         self.output = output
         self.plotted = -float("inf")
         self.tb = self.wandb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as error:
-                raise ValueError("tensorboard logging needs the tensorboard package: "
-                                 "pip install 'ssog[logging]'") from error
-            self.tb = SummaryWriter(str(output / "tensorboard"), purge_step=epochs_done + 1)
-        if wandb_project:
-            try:
-                import wandb
-            except ImportError as error:
-                raise ValueError("Weights & Biases logging needs the wandb package: "
-                                 "pip install 'ssog[logging]'") from error
+        summary_writer, wandb = logging_backends(tensorboard, wandb_project)
+        if summary_writer is not None:
+            self.tb = summary_writer(str(output / "tensorboard"), purge_step=epochs_done + 1)
+        if wandb is not None:
             self.wandb = wandb.init(project=wandb_project, config=config, dir=str(output),
                                     name=output.name, id=output.name, resume="allow")
 

@@ -1,25 +1,18 @@
 """Validation metrics: cross-entropy loss and Acc@1/3/5 (in %), summed over processes."""
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from ssog.runtime import autocast
 from ssog.train.distributed import DistContext, all_reduce_sum
 
 __all__ = ["TOPK", "evaluate", "autocast"]
 
 TOPK = (1, 3, 5)
-
-
-def autocast(device: torch.device, amp: str):
-    """Mixed-precision context for ``amp`` in {none, bf16, fp16}."""
-    if amp == "none":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
 
 
 @torch.no_grad()

@@ -9,11 +9,12 @@ import torch
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import load_state_dict as timm_load_state_dict
 
+from ssog.layers import ssog_mixers
 from ssog.train.checkpoint import FORMAT, check_state_dict, load_checkpoint
 
 __all__ = [
-    "load_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
-    "set_input_size", "ssog_mixers",
+    "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
+    "set_input_size", "model_from_checkpoint",
 ]
 
 # Parameters a model may have that a checkpoint of the same architecture without them
@@ -45,13 +46,25 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
         state = load_checkpoint(path, only=("model", "ema", "config"))
         if ema and state.get("ema") is None:
             raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
-        return state["ema" if ema else "model"], state.get("config")
-    if ema:
+        weights, config = state["ema" if ema else "model"], state.get("config")
+    elif ema:
         raise ValueError(f"{path} is a plain weight file: it has no separate EMA weights")
-    try:
-        return timm_load_state_dict(str(path)), None
-    except Exception as error:
-        raise ValueError(f"cannot read weights from {path}: {error}") from error
+    else:
+        try:
+            weights, config = timm_load_state_dict(str(path)), None
+        except Exception as error:
+            raise ValueError(f"cannot read weights from {path}: {error}") from error
+    check_finite_weights(weights, f"checkpoint {path}")
+    return weights, config
+
+
+def check_finite_weights(weights: dict[str, torch.Tensor], source: str) -> None:
+    """Raise ValueError naming the first floating-point tensor of ``weights`` with a NaN or inf."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{source} holds non-finite weights ({bad} NaN/inf values in {name}): the run "
+                             "that wrote it diverged; use an earlier checkpoint")
 
 
 def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
@@ -110,12 +123,6 @@ def freeze_backbone(model: torch.nn.Module) -> int:
         param.requires_grad_(name.startswith(heads))
         trainable += param.numel() if param.requires_grad else 0
     return trainable
-
-
-def ssog_mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    from ssog.layers import SSoGAttention
-
-    return [m for m in model.modules() if isinstance(m, SSoGAttention)]
 
 
 def set_input_size(model: torch.nn.Module, img_size: int | None = None, patch_size: int | None = None,

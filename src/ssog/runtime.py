@@ -1,0 +1,50 @@
+"""Where and in which precision code runs: the device and dtype names every command accepts."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+__all__ = ["DTYPES", "autocast", "resolve_device", "resolve_dtype"]
+
+#: The dtype vocabulary of every command and config: short names (also mixed-precision
+#: ``amp`` levels) and torch's own names for the same dtypes.
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"fp32"``/``"float32"``, ``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"`` (or a dtype) -> dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` -> CUDA if available else CPU; ``"cpu"``/``"cuda[:i]"`` as given.
+
+    Raises ValueError for other device types or a CUDA request on a machine without one.
+    """
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"unknown device {device!r}; expected 'auto', 'cpu' or 'cuda[:i]'") from error
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {str(device)!r}; expected 'auto', 'cpu' or 'cuda[:i]'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available on this machine; use --device cpu")
+    return device
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision on ``device``: none for ``"none"`` or a float32 name, else
+    ``torch.autocast`` to that dtype (``"bf16"``, ``"fp16"`` or torch's names)."""
+    if precision == "none" or resolve_dtype(precision) == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=resolve_dtype(precision))

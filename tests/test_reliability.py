@@ -1,0 +1,196 @@
+"""Hostile input to the command line: every case ends in one clear line and exit 2 (130/143
+for an interruption), creates nothing and loses nothing."""
+from __future__ import annotations
+
+import io
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ssog.cli import main
+from ssog.train import load_checkpoint, save_checkpoint, train
+from ssog.train.checkpoint import read_checkpoint_info
+
+
+def _error_line(capsys, command: str = "train", err: str | None = None) -> str:
+    """The last line of stderr, which must be the command's one-line error."""
+    lines = (capsys.readouterr().err if err is None else err).strip().splitlines()
+    assert lines and lines[-1].startswith(f"ssog {command}: error:"), lines
+    return lines[-1]
+
+
+def _image_bytes(seed: int, fmt: str) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def _image_folder(root, classes=("a", "b"), per_class=4):
+    for split in ("train", "val"):
+        for c, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True)
+            for i in range(per_class):
+                (root / split / name / f"{i}.png").write_bytes(_image_bytes(100 * c + i, "PNG"))
+    return root
+
+
+def _tiny_args(tiny_config, output) -> list[str]:
+    cfg = tiny_config(output)
+    args = ["--model", cfg.model, "--img-size", "8", "--epochs", "1", "--batch-size", "4", "--no-progress",
+            "--output", str(output)]
+    return args + [a for k, v in cfg.model_kwargs.items() for a in ("--set", f"model_kwargs.{k}={v}")]
+
+
+# ---------------------------------------------------------------- bad settings: nothing is created
+@pytest.mark.parametrize("args, message", [
+    (["--data-dir", "missing"], "data folder missing does not exist"),  # imagefolder inferred
+    (["--dataset", "digits", "--data-dir", "."], "dataset 'digits' reads no files"),
+    (["--set", "lr=[1"], "override 'lr=[1': the value is not valid YAML"),
+    (["--img-size", "0"], "img_size must be >= 1"),
+    (["--weight-decay", "-1"], "weight_decay must be >= 0"),
+    (["--seed", "-1"], "seed must be >= 0"),
+    (["--lr", "inf"], "lr must be a finite number, got inf"),
+    (["--set", "clip_grad=0"], "clip_grad must be > 0 or null"),
+    (["--output", "a_file"], "--output a_file is an existing file"),
+    (["--output", "a_file/run"], "a_file is a file, not a folder"),
+    (["--output", "finished"], "finished already holds a run (best.safetensors): choose another --output"),
+])
+def test_bad_settings_fail_in_one_line_and_create_nothing(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("not a folder")
+    (tmp_path / "finished").mkdir()
+    (tmp_path / "finished" / "best.safetensors").write_bytes(b"a best checkpoint without last")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["train", *args]) == 2
+    assert message in _error_line(capsys)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "finished" / "best.safetensors").read_bytes() == b"a best checkpoint without last"
+
+
+def test_malformed_yaml_recipe_names_the_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text("epochs: [1\n")
+    assert main(["train", "--config", "bad.yaml"]) == 2
+    assert re.search(r"config file \S*bad.yaml is not valid YAML: .* at line 2", _error_line(capsys))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--img-size", "0"], "img_size must be >= 1, got 0"),
+    (["--patch-size", "-2"], "patch_size must be >= 1, got -2"),
+    (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
+])
+def test_eval_refuses_bad_sizes(args, message, tmp_path, capsys):
+    assert main(["eval", "--checkpoint", str(tmp_path), *args]) == 2
+    assert message in _error_line(capsys, "eval")
+
+
+# ---------------------------------------------------------------- data
+def test_imagefolder_needs_two_classes(tmp_path, monkeypatch, capsys, tiny_config):
+    data = _image_folder(tmp_path / "data", classes=("only",))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data-dir", str(data), *_tiny_args(tiny_config, tmp_path / "run")]) == 2
+    assert "has 1 class folder (only); classification needs at least 2 classes" in _error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_images_are_refused_by_path_or_skipped_with_a_warning(tmp_path, monkeypatch, capsys, tiny_config):
+    data = _image_folder(tmp_path / "data")
+    truncated = data / "train" / "a" / "cut.jpg"
+    truncated.write_bytes(_image_bytes(7, "JPEG")[:-200])
+    garbage = data / "val" / "b" / "garbage.png"
+    garbage.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--data-dir", str(data), *_tiny_args(tiny_config, tmp_path / "run")]
+
+    assert main(args) == 2
+    line = _error_line(capsys)
+    assert str(truncated) in line and "truncated JPEG" in line and "--skip-bad-images" in line
+    assert not (tmp_path / "run").exists()
+
+    assert main([*args, "--skip-bad-images"]) == 0
+    err = capsys.readouterr().err
+    for path in (truncated, garbage):
+        assert f"warning: skipping unreadable image {path}" in err
+    assert "skipped 1 unreadable image(s)" in err
+    assert read_checkpoint_info(tmp_path / "run" / "last.safetensors")["progress"]["global_step"] == 2
+
+
+# ---------------------------------------------------------------- divergence and resume
+@pytest.fixture
+def one_epoch_run(tmp_path, tiny_config):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1))
+    return run
+
+
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_divergence_keeps_the_last_finite_checkpoint(clip, tmp_path, tiny_config, capsys):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1, clip_grad=clip))
+    assert main(["train", "--resume", str(run), "--epochs", "3", "--lr", "1e6"]) == 2
+    captured = capsys.readouterr()
+    assert "note: lr changed from 0.003 to 1000000.0 on resume" in captured.out
+    line = _error_line(capsys, err=captured.err)
+    assert re.search(r"training diverged at epoch [23] step \d+: (the loss is nan|parameter \S+ is no longer finite) "
+                     r"\(lr 1e\+06\)", line), line
+    assert f"the last finite checkpoint {run / 'last.safetensors'} (epoch 1, step 4) is kept" in line
+    assert f"ssog train --resume {run} --lr 100000" in line
+    assert ("clip_grad" in line) == (clip is None)
+    state = load_checkpoint(run / "last.safetensors", only=("model", "progress"))
+    assert state["progress"]["global_step"] == 4
+    assert all(torch.isfinite(w).all() for w in state["model"].values())
+
+
+def test_resume_accepts_run_independent_options_and_notes_lr_and_epochs(one_epoch_run, capsys):
+    run = str(one_epoch_run)
+    assert main(["train", "--resume", run, "--no-progress", "--threads", "1", "--device", "cpu",
+                 "--num-workers", "0"]) == 0
+    assert "no longer bit-identical" not in capsys.readouterr().out
+    assert main(["train", "--resume", run, "--epochs", "2"]) == 0
+    assert "note: epochs changed from 1 to 2 on resume: the run is no longer bit-identical" \
+        in capsys.readouterr().out
+    assert read_checkpoint_info(one_epoch_run / "last.safetensors")["progress"]["epoch"] == 2
+    assert main(["train", "--resume", run, "--model", "mha_vit_micro_patch1_8", "--set", "seed=3"]) == 2
+    assert "model, seed cannot change (allowed: progress, threads" in _error_line(capsys)
+    assert main(["train", "--resume", run, "--epochs", "1"]) == 2
+    assert "epochs=1 is fewer than the 2 epochs this run has done" in _error_line(capsys)
+
+
+def test_non_finite_weights_are_refused_on_load(one_epoch_run, capsys):
+    state = load_checkpoint(one_epoch_run / "best.safetensors")
+    name = next(iter(state["model"]))
+    state["model"][name] = torch.full_like(state["model"][name], float("nan"))
+    save_checkpoint(one_epoch_run.parent / "nan.safetensors", state)
+    assert main(["eval", "--checkpoint", str(one_epoch_run.parent / "nan.safetensors")]) == 2
+    assert f"holds non-finite weights ({state['model'][name].numel()} NaN/inf values in {name})" \
+        in _error_line(capsys, "eval")
+
+
+# ---------------------------------------------------------------- signals (a real process)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_the_step_and_says_how_to_resume(signum, tmp_path, tiny_config, ssog_cli):
+    run = tmp_path / "run"
+    cfg = tiny_config(run, epochs=1000, checkpoint_every=0)
+    process = ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (run / "last.safetensors").exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, err[-2000:]
+    line = err.strip().splitlines()[-1]
+    stopped = re.fullmatch(rf"ssog train: interrupted at epoch (\d+) step (\d+); resume with ssog train --resume {run}",
+                           line)
+    assert stopped, line
+    progress = read_checkpoint_info(run / "last.safetensors")["progress"]
+    epoch = progress["epoch"] + (1 if progress["step_in_epoch"] else 0)
+    assert (epoch, progress["global_step"]) == (int(stopped.group(1)), int(stopped.group(2)))
+    assert "Traceback" not in err
