@@ -381,3 +381,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, match):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+def test_the_names_table_lists_every_registered_model():
+    """src/models/_names.py spells out every name (so a search finds it) and drives registration."""
+    from ssog.models._names import MODEL_NAMES
+    from ssog.models._registry import names_table
+
+    assert MODEL_NAMES == names_table(), "out of date: regenerate with python -m ssog.models._registry"
+    assert sorted(MODEL_NAMES) == list_models()

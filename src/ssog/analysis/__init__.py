@@ -4,7 +4,7 @@ Pure computation lives in :mod:`.sinks`, :mod:`.lipschitz` and :mod:`.kernels` (
 :mod:`.capture`); :mod:`.plots` draws, :mod:`.report` formats tables, and :mod:`.run` ties
 loading, computation and output together for ``ssog analyze``.
 """
-from .capture import mixer_modules, on_final_norm_input, on_mixer_calls
+from .capture import on_final_norm_input, on_mixer_calls
 from .kernels import kernel_maps, kernel_statistics, mixer_kernel_statistics
 from .lipschitz import (
     DEFAULT_SCALES, field_lipschitz_bound, lipschitz_analysis, local_lipschitz, mixer_lipschitz_bound,
@@ -20,7 +20,7 @@ from .sinks import (
 __all__ = [
     "AnalysisModel", "DEFAULT_SCALES", "NOISE", "field_lipschitz_bound", "high_norm_counts", "image_batches",
     "iter_models", "kernel_maps", "kernel_statistics", "kernels_table", "lipschitz_analysis", "lipschitz_table",
-    "load_model", "local_lipschitz", "mixer_kernel_statistics", "mixer_lipschitz_bound", "mixer_modules",
+    "load_model", "local_lipschitz", "mixer_kernel_statistics", "mixer_lipschitz_bound",
     "most_attended_keys", "on_final_norm_input", "on_mixer_calls", "prefix_mass", "residual_rollout",
     "run_kernels", "run_lipschitz", "run_sinks", "same_key_percent", "sink_diagnostics", "sink_scores",
     "sinks_table",

@@ -12,23 +12,16 @@ from typing import Callable, Iterator
 
 from torch import Tensor, nn
 
-from ..layers import MultiHeadAttention, SSoGAttention
-
-MIXER_TYPES: tuple[type[nn.Module], ...] = (SSoGAttention, MultiHeadAttention)
+from ..layers import named_mixers
 
 #: ``callback(module_name, module, x, grid_size)`` with the mixer's input ``x (B, T, D)``.
 MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int]], None]
 
 
-def mixer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` of every token mixer of ``model`` (shared ones listed once)."""
-    return [(name, module) for name, module in model.named_modules() if isinstance(module, MIXER_TYPES)]
-
-
 @contextmanager
 def on_mixer_calls(model: nn.Module, callback: MixerCallback) -> Iterator[None]:
     """Call ``callback`` after every mixer application of ``model`` inside the block."""
-    mixers = mixer_modules(model)
+    mixers = named_mixers(model)
     if not mixers:
         raise ValueError(
             f"{type(model).__name__} has no SSoGAttention or MultiHeadAttention token mixer to analyse"

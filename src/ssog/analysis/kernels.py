@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..layers import SSoGAttention
+from ..layers import SSoGAttention, named_mixers
 from ..ops import fixed_axis_kernels
 
 
 def ssog_modules(model: nn.Module) -> list[tuple[str, SSoGAttention]]:
     """``(name, module)`` of every SSoG mixer (a shared one, looped or ODE, listed once)."""
-    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, SSoGAttention)]
+    modules = named_mixers(model, SSoGAttention)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no SSoGAttention mixer: learned kernels are an SSoG property")
     return modules

@@ -1,18 +1,19 @@
 """Models and images to analyse: a training checkpoint or a randomly initialised model.
 
-Checkpoints are read with the training package's loader (:func:`ssog.train.load_weights`);
+Checkpoints are built and loaded by the training package (:func:`ssog.train.transfer.model_from_checkpoint`);
 images come from the data package (the checkpoint's own validation split by default), or
 are standard-normal noise shaped for the model (``data="noise"``), which needs no data set.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from ..runtime import resolve_device
 
 NOISE = "noise"
 
@@ -43,19 +44,6 @@ class AnalysisModel:
         }
 
 
-def resolve_device(device: str = "auto") -> torch.device:
-    """``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:i"``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; expected auto, cpu or cuda[:i]") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but CUDA is not available")
-    return resolved
-
-
 def load_model(
     model: str | None = None,
     checkpoint: str | Path | None = None,
@@ -82,34 +70,13 @@ def load_model(
         net = create_model(model)
         return AnalysisModel(net.eval().to(device), model, f"random init (seed {seed})")
 
-    from ..train import check_state_dict, checkpoint_path, load_weights
+    from ..train.checkpoint import checkpoint_path, read_checkpoint_info
+    from ..train.transfer import model_from_checkpoint
 
     path = checkpoint_path(checkpoint, "best")
-    weights, config = load_weights(path, ema=ema)
-    if config is None:
-        raise ValueError(f"{path} holds weights only; ssog analyze needs a checkpoint written by ssog train")
-    name = config["model"]
-    head = weights.get("head.weight")
-    patch = weights.get("patch_embed.proj.weight")
-    if patch is None:
-        raise ValueError(f"checkpoint {path} has no patch_embed.proj.weight: not an ssog ViT")
-    net = create_model(
-        name, num_classes=0 if head is None else head.shape[0], in_chans=patch.shape[1],
-        img_size=config.get("img_size") or _trained_img_size(weights, path), **config.get("model_kwargs", {}),
-    )
-    check_state_dict(net, weights, f"checkpoint {path}")
-    net.load_state_dict(weights)
-    return AnalysisModel(net.eval().to(device), name, str(path), config)
-
-
-def _trained_img_size(weights: dict[str, Tensor], path: Path) -> int:
-    """Image side the checkpoint was trained at, read off its position embedding (square grid)."""
-    patch = weights["patch_embed.proj.weight"].shape[-1]
-    tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
-    side = math.isqrt(tokens)
-    if side * side != tokens:
-        raise ValueError(f"checkpoint {path}: {tokens} position embeddings do not form a square grid")
-    return side * patch
+    net = model_from_checkpoint(path, ema=ema)
+    config = read_checkpoint_info(path)["config"]
+    return AnalysisModel(net.eval().to(device), config["model"], str(path), config)
 
 
 def iter_models(

@@ -28,6 +28,7 @@ from ..ops import BACKENDS, choose_backend, ssog_mix
 from ..ops.triton_separable import available as triton_available
 from .memory import is_out_of_memory, peak_memory
 from .results import environment
+from ..runtime import resolve_dtype
 from .timing import quartiles, time_interleaved
 
 BASELINE = "sdpa"
@@ -52,8 +53,7 @@ class OperatorConfig:
         unknown = sorted(set(self.backends) - set(BACKENDS))
         if unknown:
             raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKENDS)}")
-        if self.dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        resolve_dtype(self.dtype)
         for name in ("batch", "heads", "head_dim", "atoms", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -90,7 +90,7 @@ def fixed_parameters(heads: int, atoms: int, device: torch.device) -> tuple[torc
 
 def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Callable[[], None]]:
     device = torch.device(config.device)
-    dtype = getattr(torch, config.dtype)
+    dtype = resolve_dtype(config.dtype)
     n = grid * grid
     shape = (config.batch, config.heads, n, config.head_dim)
     generator = torch.Generator().manual_seed(1)
@@ -121,13 +121,6 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
     return calls
 
 
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, median, q3
-
-
 def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], None] = print) -> list[Measurement]:
     """Time and measure every candidate at every grid; see the module docstring."""
     device = torch.device(config.device)
@@ -148,11 +141,11 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
                 progress(f"grid {grid}x{grid} {label}: out of memory")
                 continue
             base = samples[BASELINE]
-            operand = config.batch * config.heads * grid * grid * config.head_dim * getattr(torch, config.dtype).itemsize
+            operand = config.batch * config.heads * grid * grid * config.head_dim * resolve_dtype(config.dtype).itemsize
             footprints = {name: peak + (3 if name == BASELINE else 1) * operand for name, peak in peaks.items()}
             for name, times in samples.items():
                 ratios = [b / t for b, t in zip(base, times)]
-                q1, median, q3 = _quartiles(ratios)
+                q1, median, q3 = quartiles(ratios)
                 extra = {}
                 if name == "auto":
                     shape = (config.batch, config.heads, grid * grid, config.head_dim)
@@ -176,7 +169,7 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
 def steered_memory(config: OperatorConfig, grid: int = 64, steer_atoms: int | None = None) -> dict[str, float]:
     """Peak memory (MiB) of centre-steered mixing at ``grid x grid``, forward and backward."""
     device = torch.device(config.device)
-    dtype = getattr(torch, config.dtype)
+    dtype = resolve_dtype(config.dtype)
     atoms = steer_atoms or config.atoms
     n = grid * grid
     shape = (config.batch, config.heads, n, config.head_dim)

@@ -27,7 +27,6 @@ not run.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import re
 from dataclasses import asdict, dataclass, replace
@@ -40,8 +39,9 @@ from torch import nn
 
 from ssog.bench.memory import is_out_of_memory, peak_memory
 from ssog.bench.results import BenchResults, environment
-from ssog.bench.timing import quartiles, resolve_device, time_interleaved
+from ssog.bench.timing import quartiles, time_interleaved
 from ssog.models import count_flops
+from ssog.runtime import autocast, resolve_device
 
 __all__ = [
     "DTYPES",
@@ -59,7 +59,6 @@ FAMILIES = ("odevit", "vit", "loopvit")
 OPS = ("mha", "ssog")
 MODES = ("inference", "train")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MiB = 2**20
 # The paper's models are its CIFAR-100 classifiers (Table 10); the head is negligible.
 NUM_CLASSES = 100
@@ -169,9 +168,7 @@ def model_name(op: str, family: str, size: str) -> str:
 def _forward(model: nn.Module, images: torch.Tensor, dtype: str) -> torch.Tensor:
     """One inference call; autocast is entered per call, as an inference loop would, so
     its cache of low-precision weight copies is made (and counted) by every call."""
-    compute = _AUTOCAST[dtype]
-    context = torch.autocast(images.device.type, dtype=compute) if compute else contextlib.nullcontext()
-    with context:
+    with autocast(images.device, dtype):
         return model(images)
 
 

@@ -14,25 +14,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ssog.runtime import resolve_device
+
 __all__ = ["TimingStats", "quartiles", "resolve_device", "synchronize", "time_callable", "time_interleaved"]
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> CUDA if available else CPU; ``"cpu"``/``"cuda[:i]"`` as given.
-
-    Raises ValueError for other device types or a CUDA request on a machine without one.
-    """
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except RuntimeError as error:
-        raise ValueError(f"unknown device {device!r}; expected 'auto', 'cpu' or 'cuda[:i]'") from error
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {str(device)!r}; expected 'auto', 'cpu' or 'cuda[:i]'")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available on this machine")
-    return device
 
 
 def synchronize(device: torch.device) -> None:

@@ -17,6 +17,7 @@ from ..bench.operator import (
     steered_memory,
 )
 from ..ops import BACKENDS
+from ..runtime import DTYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--heads", type=int, default=defaults.heads)
     parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
     parser.add_argument("--atoms", type=int, default=defaults.atoms)
-    parser.add_argument("--dtype", default=defaults.dtype, choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtype", default=defaults.dtype, choices=list(DTYPES))
     parser.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
     parser.add_argument("--backends", nargs="+", default=list(defaults.backends), choices=BACKENDS)
     parser.add_argument("--forward-only", action="store_true", help="skip the forward+backward pass")

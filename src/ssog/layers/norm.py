@@ -8,7 +8,8 @@ class CenterNorm(nn.Module):
     """Subtract the channel mean and scale by ``D / (D - 1)``: ``x -> (x - mean(x)) * D/(D-1)``.
 
     Linear in ``x`` (unlike LayerNorm, which divides by the standard deviation), so a
-    vector field built from it and fixed SSoG stays globally Lipschitz (SPEC §2).
+    vector field built from it and fixed SSoG stays globally Lipschitz (docs/models.md,
+    "The continuous family").
     """
 
     def __init__(self, dim: int) -> None:

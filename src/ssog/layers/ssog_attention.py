@@ -1,5 +1,5 @@
 """``SSoGAttention``: the SSoG token mixer as a drop-in for self-attention (docs/operator.md,
-"The definition")."""
+"Definition")."""
 from __future__ import annotations
 
 import math

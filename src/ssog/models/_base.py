@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from torch import Tensor, nn
 from timm.layers import PatchEmbed, get_device_dtype, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
+from torch import Tensor, nn
 
-from ..layers import SSoGAttention
+from ..layers import SSoGAttention, named_mixers, ssog_mixers
 from ._blocks import resolve_mixer_args
 
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
@@ -251,9 +251,8 @@ class ViTBase(nn.Module):
                     f"rescale_kernels needs the same grid ratio along both axes, got "
                     f"{old_grid} -> {new_grid}"
                 )
-            for module in self.modules():
-                if isinstance(module, SSoGAttention):
-                    module.rescale_kernels(ratio_y)
+            for module in ssog_mixers(self):
+                module.rescale_kernels(ratio_y)
 
     # ------------------------------------------------------------------ timm model contract
     def forward_features(self, x: Tensor) -> Tensor:
@@ -332,13 +331,12 @@ class ViTBase(nn.Module):
         """Embeddings and the SSoG kernel parameters (positions/widths/mixture logits in
         token units, which weight decay would pull towards arbitrary values)."""
         names = {"pos_embed"} | ({"cls_token"} if self.cls_token is not None else set())
-        for prefix, module in self.named_modules():
-            if isinstance(module, SSoGAttention):
-                linears = {name for name, m in module.named_modules() if isinstance(m, nn.Linear)}
-                names.update(
-                    f"{prefix}.{name}" for name, _ in module.named_parameters()
-                    if name.rpartition(".")[0] not in linears  # mu, rho, logits, steering gates
-                )
+        for prefix, module in named_mixers(self, SSoGAttention):
+            linears = {name for name, m in module.named_modules() if isinstance(m, nn.Linear)}
+            names.update(
+                f"{prefix}.{name}" for name, _ in module.named_parameters()
+                if name.rpartition(".")[0] not in linears  # mu, rho, logits, steering gates
+            )
         return names
 
     @property

@@ -1,6 +1,6 @@
 """Parameter and FLOP counts (Tables 10 and 4), for ``ssog info`` and ``ssog flops``.
 
-FLOPs follow SPEC §3: 2 per multiply-add, matmuls/linears/convolutions only, counted by
+FLOPs follow docs/models.md, "Counting": 2 per multiply-add, matmuls/linears/convolutions only, counted by
 ``torch.utils.flop_counter.FlopCounterMode`` on one image. SSoG mixing is counted in its
 separable form (``ssog.ops.forced_backend("separable")``) and attention through the math
 SDPA kernel (plain matmuls), so the counts depend neither on the backend a model was
@@ -12,22 +12,21 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from timm.layers import Mlp, to_2tuple
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-from timm.layers import Mlp, to_2tuple
 
-from ..layers import CenterNorm, MultiHeadAttention, SSoGAttention
+from ..layers import MIXER_TYPES, CenterNorm
 from ..ops import forced_backend
 from ._registry import create_model
 
 #: Parts of a model reported by :func:`count_parameters`, in order.
 PARTS: tuple[str, ...] = ("patch_embed", "pos_cls", "mixer", "mlp", "modulation", "norms", "head", "other")
-_MIXERS = (SSoGAttention, MultiHeadAttention)
 
 
 def _part(model: nn.Module, name: str, module: nn.Module) -> str | None:
-    if isinstance(module, _MIXERS):
+    if isinstance(module, MIXER_TYPES):
         return "mixer"
     if isinstance(module, Mlp):
         return "mlp"
@@ -79,7 +78,7 @@ def count_flops(model: nn.Module, img_size: int | tuple[int, int] | None = None)
     with torch.no_grad(), forced_backend("separable"), sdpa_kernel(SDPBackend.MATH), counter:
         model(x)
     root = type(model).__name__
-    mixers = {f"{root}.{name}" for name, module in model.named_modules() if isinstance(module, _MIXERS)}
+    mixers = {f"{root}.{name}" for name, module in model.named_modules() if isinstance(module, MIXER_TYPES)}
     attention = sum(sum(ops.values()) for name, ops in counter.get_flop_counts().items() if name in mixers)
     patch = model.patch_embed.patch_size
     return {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import timm
@@ -18,6 +19,7 @@ from torch import nn
 
 from ._base import checkpoint_filter_fn
 from ._blocks import OPS
+from ._names import MODEL_NAMES
 
 _CIFAR10_MEAN, _CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 _DIGITS_CFG = dict(input_size=(1, 8, 8), num_classes=10, mean=(0.5,), std=(0.5,), crop_pct=1.0)
@@ -81,9 +83,7 @@ def register_family(module_name: str, model_cls: type[nn.Module]) -> None:
     """
     module = sys.modules[module_name]
     family, depth_arg = model_cls.family, model_cls.depth_arg
-    names = {
-        model_name(op, family, preset): (op, preset) for op in OPS for preset in PRESETS
-    }
+    names = {name: (op, preset) for name, (fam, op, preset) in MODEL_NAMES.items() if fam == family}
     module.default_cfgs = generate_default_cfgs(
         {name: _cfg(**PRESETS[preset].get("cfg", {})) for name, (_, preset) in names.items()}
     )
@@ -130,3 +130,21 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
         hint = f"did you mean {', '.join(close)}?" if close else f"known models: {', '.join(known)}"
         raise ValueError(f"unknown model {name!r}; {hint}")
     return timm.create_model(name, **kwargs)
+
+
+def names_table(families: tuple[str, ...] = ("vit", "loopvit", "odevit")) -> dict[str, tuple[str, str, str]]:
+    """``{name: (family, op, preset)}`` for every family, op and preset: what ``_names.py`` holds."""
+    return {model_name(op, family, preset): (family, op, preset)
+            for family in families for op in OPS for preset in PRESETS}
+
+
+def _write_names_table() -> None:
+    """Regenerate ``_names.py`` from :func:`names_table` (after adding a preset or an op)."""
+    path = Path(__file__).with_name("_names.py")
+    head = path.read_text().split("MODEL_NAMES")[0]
+    rows = "".join(f'    "{name}": {entry!r},\n'.replace("'", '"') for name, entry in names_table().items())
+    path.write_text(f"{head}MODEL_NAMES: dict[str, tuple[str, str, str]] = {{\n{rows}}}\n")
+
+
+if __name__ == "__main__":
+    _write_names_table()

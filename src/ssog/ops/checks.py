@@ -17,7 +17,8 @@ from torch import Tensor
 from .kernels import kernel_dtype
 
 __all__ = [
-    "BACKENDS", "MAX_CENTRE_OFFSET", "check_backend", "check_grid", "check_heads", "check_local_tolerance", "check_mixer_options",
+    "BACKENDS", "MAX_CENTRE_OFFSET", "check_backend", "check_grid", "check_heads", "check_local_tolerance",
+    "check_mixer_options",
     "check_parameter_values", "check_parameters", "check_steer", "check_tokens", "check_values",
 ]
 
@@ -84,7 +85,8 @@ def check_parameters(
         if batch_heads is not None and (batch, heads) != batch_heads:
             raise ValueError(f"steered mu has (B, H) = {(batch, heads)} but v has {batch_heads}")
         if n != grid_size[0] * grid_size[1]:
-            raise ValueError(f"steered mu has N={n} queries but grid_size {grid_size} holds {grid_size[0] * grid_size[1]}")
+            raise ValueError(f"steered mu has N={n} queries but grid_size {grid_size} holds "
+                             f"{grid_size[0] * grid_size[1]}")
         steered = True
     else:
         raise ValueError(f"mu must be (H, R, 2) fixed or (B, H, N, R, 2) steered, got shape {tuple(mu.shape)}")
@@ -106,7 +108,8 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
         if not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{name} must be finite everywhere, got {_first_bad(tensor, torch.isfinite(tensor))}")
     if not bool((sigma > 0).all()):
-        raise ValueError(f"sigma must be > 0 everywhere (widths are in token units), got {_first_bad(sigma, sigma > 0)}")
+        raise ValueError(f"sigma must be > 0 everywhere (widths are in token units), got "
+                         f"{_first_bad(sigma, sigma > 0)}")
     offset = mu.abs()
     if not bool((offset <= MAX_CENTRE_OFFSET).all()):
         raise ValueError(f"|mu| must be <= 2^20 tokens (float32 cannot place a kernel further out), got "

@@ -4,7 +4,7 @@
 :func:`_ssog_mix_unchecked`, which the layers call directly: their parameters have the right
 shapes by construction, and per-call checks of parameter values would synchronise a GPU.
 
-Shapes (docs/operator.md, "Shapes and units"), with ``N = Hg * Wg`` patch tokens on a
+Shapes (docs/operator.md, "Shapes"), with ``N = Hg * Wg`` patch tokens on a
 row-major grid:
 
 - values ``v``: ``(B, H, N, d)``
@@ -26,8 +26,7 @@ from torch import Tensor
 
 from . import backends
 from .checks import (
-    BACKENDS, check_backend, check_grid, check_local_tolerance, check_parameter_values, check_parameters,
-    check_values,
+    check_backend, check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values,
 )
 from .kernels import fixed_axis_kernels, kernel_dtype
 
@@ -67,7 +66,7 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int,
     """The dense mixing matrix ``A``: ``(H, N, N)`` fixed or ``(B, H, N, N)`` steered.
 
     ``A[q, j] = sum_r weight_r * ky_r(q_y, j_y) * kx_r(q_x, j_x)`` with row-normalised
-    Gaussian ``ky``/``kx`` (docs/operator.md, "The definition"). Computed in float32
+    Gaussian ``ky``/``kx`` (docs/operator.md, "Definition"). Computed in float32
     (float64 for float64 input).
     """
     grid_size = check_grid(grid_size)
@@ -110,7 +109,7 @@ def ssog_mix(
     """
     grid_size = check_grid(grid_size)
     batch, heads, _, _ = check_values(v, grid_size)
-    steered = check_parameters(mu, sigma, weight, grid_size, batch_heads=(batch, heads))
+    check_parameters(mu, sigma, weight, grid_size, batch_heads=(batch, heads))
     check_backend(backend)
     check_local_tolerance(local_tolerance)
     check_parameter_values(mu, sigma, weight, grid_size)
@@ -251,6 +250,8 @@ def _fixed_kernels(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[i
     return ky, kx
 
 
-def _kernel_precision(mu: Tensor, sigma: Tensor, weight: Tensor, value_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+def _kernel_precision(
+    mu: Tensor, sigma: Tensor, weight: Tensor, value_dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
     dtype = kernel_dtype(torch.promote_types(value_dtype, mu.dtype))
     return mu.to(dtype), sigma.to(dtype), weight.to(dtype)

@@ -1,4 +1,5 @@
-"""The SSoG kernels: row-normalised 1-D Gaussians over a token grid (SPEC §1).
+"""The SSoG kernels: row-normalised 1-D Gaussians over a token grid (docs/operator.md,
+"Definition").
 
 Everything here is a pure function of the mixture parameters; nothing touches the values.
 Positions and widths are in token units. Kernels are built in float32 (float64 when asked)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ssog.runtime import resolve_device
+
 __all__ = ["DistContext", "init_distributed", "all_reduce_sum", "barrier"]
 
 
@@ -34,9 +36,7 @@ def init_distributed(device: str = "auto") -> DistContext:
     ``device``: ``auto`` (CUDA if available), ``cpu`` or ``cuda``. Each process on a CUDA
     node uses GPU ``LOCAL_RANK``.
     """
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu")
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    use_cuda = resolve_device(device).type == "cuda"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
