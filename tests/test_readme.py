@@ -11,7 +11,8 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_readme_test_command():
-    ci_commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv")]
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci_commands = [line for line in ci_lines if line.startswith("python3 -m venv")]
     assert len(ci_commands) == 1
     assert ci_commands[0] in README
 
