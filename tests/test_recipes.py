@@ -7,6 +7,7 @@ import torch
 
 from ssog.train import TrainConfig, load_recipe, recipe_variants, resolve_config, train
 from ssog.train.builders import build_model
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if "_base" not in p.parts)
 RUNS = [(p, v) for p in RECIPES for v in (recipe_variants(p) or [None])]
