@@ -1,0 +1,22 @@
+"""``import ssog`` registers the models with timm (SPEC §4), while ``import ssog.ops`` needs
+torch alone: each case runs in a fresh interpreter, since imports are process-wide."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("code,expected", [
+    ("import ssog, timm; print(len(timm.list_models('ssog_vit_*')) > 0)", "True"),
+    ("import timm, ssog; print(len(timm.list_models('ssog_vit_*')) > 0)", "True"),
+    ("import ssog; from timm import create_model; print(type(create_model('ssog_vit_micro_patch1_8')).__name__)",
+     "ViT"),
+    ("import ssog.ops, sys; print('timm' in sys.modules, 'torchdiffeq' in sys.modules)", "False False"),
+    ("import ssog.ops; import timm; print('ssog_vit_micro_patch1_8' in timm.list_models())", "True"),
+])
+def test_import_registers_models_without_loading_timm_for_the_operator(code, expected):
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
