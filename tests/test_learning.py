@@ -135,3 +135,35 @@ def test_train_subset_shrinks_only_the_training_split():
 
     full_train, full_val = sizes()
     assert sizes(train_subset=200) == (200, full_val) and full_train > 200
+
+
+# docs/results/cifar10_tiny.md reports runs of the ablation recipe; each must be the run the
+# tiny recipe describes (same settings; timm ignores the None that drops the discrete depth).
+TINY_RECIPE_RUNS = {
+    "mha": ("mha", {}),
+    "ssog": ("ssog_lr4e-3", {}),
+    "mha_loopvit": ("mha_loopvit", {}),
+    "ssog_loopvit": ("ssog_loopvit", {"lr": 4e-3}),
+    "mha_odevit": ("mha_odevit", {}),
+    "ssog_odevit": ("ssog_odevit", {"lr": 4e-3}),
+}
+
+
+@pytest.mark.parametrize("variant", TINY_RECIPE_RUNS)
+def test_tiny_recipe_is_what_the_ablation_measured(variant):
+    from pathlib import Path
+
+    from ssog.train import resolve_config
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    ablation_variant, overrides = TINY_RECIPE_RUNS[variant]
+
+    def settings(cfg) -> dict:
+        values = cfg.to_dict()
+        values.pop("output")
+        values["model_kwargs"] = {k: v for k, v in values["model_kwargs"].items() if v is not None}
+        return values
+
+    tiny = resolve_config(configs / "cifar10_tiny.yaml", variant)
+    measured = resolve_config(configs / "ablations" / "cpu_accuracy.yaml", ablation_variant, overrides.items())
+    assert settings(tiny) == settings(measured)
