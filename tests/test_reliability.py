@@ -104,7 +104,7 @@ def test_imagefolder_needs_two_classes(tmp_path, monkeypatch, capsys, tiny_confi
 def test_bad_images_are_refused_by_path_or_skipped_with_a_warning(tmp_path, monkeypatch, capsys, tiny_config):
     data = _image_folder(tmp_path / "data")
     truncated = data / "train" / "a" / "cut.jpg"
-    truncated.write_bytes(_image_bytes(7, "JPEG")[:-200])
+    truncated.write_bytes(_image_bytes(7, "JPEG")[:-20])  # cut inside the scan data
     garbage = data / "val" / "b" / "garbage.png"
     garbage.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     monkeypatch.chdir(tmp_path)
