@@ -14,8 +14,9 @@ RUNS = [(p, v) for p in RECIPES for v in (recipe_variants(p) or [None])]
 CLASSES = {"cifar10": 10, "cifar100": 100, "imagefolder": 1000}
 # Shrink for the smoke run: 32 px images, patch 8 (4x4 tokens), width 72 (divisible by 6,
 # 9, 12 and 24 heads), everything else (family, op, depth, steering, atoms...) as in the recipe.
-SMOKE = dict(dataset="synthetic", img_size=32, synthetic_size=8, synthetic_classes=4, batch_size=8, epochs=1,
-             num_workers=0, amp="none", device="cpu", progress=False, download=False, output="run")
+SMOKE = dict(dataset="synthetic", data_dir=None, train_subset=None, img_size=32, synthetic_size=8,
+             synthetic_classes=4, batch_size=8, epochs=1, num_workers=0, amp="none", device="cpu",
+             progress=False, download=False, output="run")
 SMOKE_MODEL = dict(embed_dim=72, patch_size=8)
 
 
