@@ -180,9 +180,10 @@ def test_a_signal_saves_the_step_and_says_how_to_resume(signum, tmp_path, tiny_c
     run = tmp_path / "run"
     cfg = tiny_config(run, epochs=1000, checkpoint_every=0)
     process = ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a loaded machine can take minutes to import torch
     while not (run / "last.safetensors").exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
+    assert (run / "last.safetensors").exists(), "the run saved no checkpoint to interrupt"
     process.send_signal(signum)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signum, err[-2000:]
