@@ -49,7 +49,7 @@ def export_onnx(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch", min=1)
-    pinned = _pin_auto_backends(model, batch_size)
+    pinned = _pin_auto_backends(model)
     try:
         with torch.no_grad():
             program = torch.onnx.export(
@@ -65,23 +65,21 @@ def export_onnx(
     return {"path": str(path), "input_size": list(input_size), **verify_onnx(model, path, check, atol=atol)}
 
 
-def _pin_auto_backends(model: nn.Module, batch_size: int) -> list[tuple[nn.Module, str]]:
-    """Fix each ``backend="auto"`` SSoG layer to the backend auto picks for the traced batch.
+def _pin_auto_backends(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """Fix each ``backend="auto"`` SSoG layer to a backend whose graph does not depend on the batch.
 
-    Auto's cost model compares costs that depend on the batch size; with a symbolic batch
-    that comparison would be a guard on the dynamic dimension. Returns what to restore.
+    Auto's cost model, and the separable backend's block sizes, are computed from the batch
+    size; with a symbolic batch they become guards that pin the exported batch dimension.
+    The dense backend builds each head's matrix once and multiplies every image by it: the
+    same graph for every batch. Returns what to restore.
     """
     from .layers import SSoGAttention
-    from .ops.functional import choose_backend
 
-    rows, cols = model.patch_embed.grid_size
     pinned = []
     for module in model.modules():
         if isinstance(module, SSoGAttention) and module.backend == "auto":
-            shape = (batch_size, module.num_heads, rows * cols, module.head_dim)
             pinned.append((module, module.backend))
-            module.backend = choose_backend(shape, (rows, cols), module.num_atoms, bool(module.steer),
-                                            torch.device("cpu"), False)
+            module.backend = "dense"
     return pinned
 
 
