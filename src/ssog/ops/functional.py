@@ -160,12 +160,15 @@ def _steered(
 ) -> Tensor:
     """Steered mixing; ``auto`` measures the key windows of these parameters and takes the
     windowed (``local``) path when its tiles are cheaper than whole rows of ``A`` (reading
-    the windows synchronises a GPU once per call)."""
+    the windows synchronises a GPU once per call). Under ``torch.compile`` and on the meta
+    device ``auto`` uses whole rows: the windows depend on the values, not on shapes."""
     if backend == "triton":
         raise ValueError("the triton backend supports fixed kernels only; use dense, separable or local")
     if backend == "separable":
         return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
-    if backend == "local" or (backend == "auto" and v.device.type != "meta"):
+    if backend == "local" or (
+        backend == "auto" and v.device.type != "meta" and not torch.compiler.is_compiling()
+    ):
         windows = backends.steered_windows(mu, sigma, grid_size, tolerance)
         tiles = backends.steered_tiles(windows, backends.STEERED_TILE)
         if backend == "local" or _windowed_is_cheaper(tiles, v.shape, mu.shape[-2]):
@@ -220,7 +223,7 @@ def choose_backend(
     ``local`` path against it, which needs the parameters' values.)
     """
     if steered:
-        logger.debug("choose_backend: dense for steered kernels (from shapes alone)")
+        _debug("choose_backend: dense for steered kernels (from shapes alone)")
         return "dense"
     batch, heads, n, dim = value_shape
     rows, cols = grid_size
@@ -232,7 +235,7 @@ def choose_backend(
     separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
     matrix_bytes = heads * n * n * 4
     choice = "dense" if dense_cost <= separable_cost and matrix_bytes <= DENSE_MAX_MATRIX_BYTES else "separable"
-    logger.debug(
+    _debug(
         "choose_backend: %s for v %s on a %dx%d grid, R=%d, %s%s: dense %.3g MACs (A %.1f MiB, limit %.0f MiB), "
         "separable %.3g weighted MACs (x%.1f)", choice, tuple(value_shape), rows, cols, num_atoms, device.type,
         " with autograd" if requires_grad else "", dense_cost, matrix_bytes / 2**20, DENSE_MAX_MATRIX_BYTES / 2**20,
@@ -242,6 +245,13 @@ def choose_backend(
 
 
 # ----------------------------------------------------------------------------- helpers
+def _debug(message: str, *args: object) -> None:
+    """``logger.debug``, skipped while ``torch.compile`` traces: a logging call inside the
+    graph would break ``fullgraph=True``, and the choice is a constant of the graph anyway."""
+    if not torch.compiler.is_compiling():
+        logger.debug(message, *args)
+
+
 def _fixed_kernels(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
     """``ky (H, R, Hg, Hg)`` with the mixture weights folded in and ``kx (H, R, Wg, Wg)``."""
     rows, cols = grid_size
