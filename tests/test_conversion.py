@@ -50,7 +50,9 @@ def test_prefix_tokens_as_the_operator_defines_them():
         matrix = mixer.attention_matrix(x, (4, 4))
         values = mixer.v(x)
         # A prefix query's output is the mean of the patch values.
-        torch.testing.assert_close(captured["out"][:, :2], mixer.proj(values[:, 2:].mean(1, keepdim=True)).expand(-1, 2, -1))
+        torch.testing.assert_close(
+            captured["out"][:, :2], mixer.proj(values[:, 2:].mean(1, keepdim=True)).expand(-1, 2, -1)
+        )
     assert torch.all(matrix[:, :, :, :2] == 0)  # no query reads a prefix token
 
 

@@ -32,7 +32,10 @@ TIMM_TESTS = (
 )
 TINY_MODELS = sorted({name for pattern in ("*_micro_*", "*_digits_*", "*_tiny_*") for name in list_models(pattern)})
 #: Arguments beyond the model name, as timm's parametrisation gives them.
-_EXTRA_ARGS = {"test_model_backward": dict(batch_size=2), "test_model_default_cfgs_non_std": dict(batch_size=1, cfg_device="meta")}
+_EXTRA_ARGS = {
+    "test_model_backward": dict(batch_size=2),
+    "test_model_default_cfgs_non_std": dict(batch_size=1, cfg_device="meta"),
+}
 
 
 def _timm_test_models() -> ModuleType | str:

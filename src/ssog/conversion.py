@@ -75,7 +75,9 @@ def convert(model: nn.Module, **ssog_options: Any) -> nn.Module:
     return model
 
 
-def _convert_attention(attn: nn.Module, num_prefix_tokens: int, name: str, options: dict[str, Any]) -> ConvertedAttention:
+def _convert_attention(
+    attn: nn.Module, num_prefix_tokens: int, name: str, options: dict[str, Any]
+) -> ConvertedAttention:
     qkv, proj = getattr(attn, "qkv", None), getattr(attn, "proj", None)
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear):
         raise ValueError(f"{name} ({type(attn).__name__}) has no fused qkv and proj Linear layers to convert")

@@ -193,7 +193,9 @@ class SinkAccumulator:
 
 
 @torch.no_grad()
-def sink_diagnostics(model: nn.Module, batches: Iterable[Tensor], high_norm_factor: float = HIGH_NORM_FACTOR) -> dict[str, Any]:
+def sink_diagnostics(
+    model: nn.Module, batches: Iterable[Tensor], high_norm_factor: float = HIGH_NORM_FACTOR
+) -> dict[str, Any]:
     """Table 5's metrics of ``model`` over image batches ``(B, C, H, W)``.
 
     Returns ``sink_mean``, ``sink_worst`` (and its layer), ``rollout``, ``same_key_percent``

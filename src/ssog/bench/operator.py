@@ -200,7 +200,8 @@ def steered_memory(config: OperatorConfig, grid: int = 64, steer_atoms: int | No
 
 def markdown_table(results: list[Measurement]) -> str:
     lines = [
-        "| grid | tokens | pass | candidate | median ms | speedup vs SDPA (median [q1, q3]) | peak MiB | peak / SDPA | footprint / SDPA |",
+        "| grid | tokens | pass | candidate | median ms | speedup vs SDPA (median [q1, q3]) "
+        "| peak MiB | peak / SDPA | footprint / SDPA |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for m in results:
@@ -230,7 +231,10 @@ def plot_speedups(results: list[Measurement], path: Path) -> None:
             axis.errorbar(
                 [m.grid for m in points],
                 [m.speedup_median for m in points],
-                yerr=[[m.speedup_median - m.speedup_q1 for m in points], [m.speedup_q3 - m.speedup_median for m in points]],
+                yerr=[
+                    [m.speedup_median - m.speedup_q1 for m in points],
+                    [m.speedup_q3 - m.speedup_median for m in points],
+                ],
                 marker="o", capsize=3, label=candidate,
             )
         axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -324,7 +328,9 @@ def run_steered_layer_benchmark(
     return rows
 
 
-def _layer_call(layer: torch.nn.Module, x: torch.Tensor, grid: int, backend: str | None = None) -> Callable[[], torch.Tensor]:
+def _layer_call(
+    layer: torch.nn.Module, x: torch.Tensor, grid: int, backend: str | None = None
+) -> Callable[[], torch.Tensor]:
     """``layer(x, (grid, grid))``, with ``layer.backend`` set to ``backend`` for the call."""
 
     def call() -> torch.Tensor:

@@ -113,7 +113,9 @@ class BenchResults:
         if path.is_dir():
             path = path / JSON_NAME
         if not path.is_file():
-            raise FileNotFoundError(f"no benchmark results at {path} (expected a {JSON_NAME} or a directory holding one)")
+            raise FileNotFoundError(
+                f"no benchmark results at {path} (expected a {JSON_NAME} or a directory holding one)"
+            )
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
             return cls(payload["environment"], payload["config"], payload["rows"])

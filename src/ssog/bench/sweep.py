@@ -172,7 +172,9 @@ def _forward(model: nn.Module, images: torch.Tensor, dtype: str) -> torch.Tensor
         return model(images)
 
 
-def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor, dtype: str) -> None:
+def _train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor, dtype: str
+) -> None:
     """One optimisation step: forward (autocast as in :func:`_forward`), loss, backward, AdamW."""
     loss = nn.functional.cross_entropy(_forward(model, images, dtype).float(), labels)
     loss.backward()

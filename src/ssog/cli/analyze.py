@@ -102,7 +102,7 @@ def run_lipschitz(args: argparse.Namespace) -> int:
     results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images,
                       scales=args.scales or DEFAULT_SCALES, iters=args.iters, dtype=args.dtype)
     print(lipschitz_table(results))
-    print(f"\nbound: analytic upper bound ('-': none exists); s=...: largest estimate at scales <= s")
+    print("\nbound: analytic upper bound ('-': none exists); s=...: largest estimate at scales <= s")
     print(f"wrote {args.output / 'lipschitz.json'} and {args.output / 'lipschitz.png'}")
     return 0
 

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.steered_layer:
         return _run_steered_layer(args)
     config = OperatorConfig(
-        grids=args.grids, batch=OperatorConfig.batch if args.batch is None else args.batch, heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
+        grids=args.grids, batch=OperatorConfig.batch if args.batch is None else args.batch,
+        heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
         dtype=args.dtype, device=args.device, backends=args.backends, backward=not args.forward_only,
         rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid,
     )
@@ -79,11 +80,16 @@ def _run_steered_layer(args: argparse.Namespace) -> int:
     from ..bench.results import environment
 
     config = SteeredLayerConfig(
-        grids=args.steered_layer, batch=SteeredLayerConfig.batch if args.batch is None else args.batch, device=args.device, rounds=args.rounds, warmup=args.warmup
+        grids=args.steered_layer, batch=SteeredLayerConfig.batch if args.batch is None else args.batch,
+        device=args.device, rounds=args.rounds, warmup=args.warmup,
     )
     rows = run_steered_layer_benchmark(config)
     args.output.mkdir(parents=True, exist_ok=True)
-    payload = {"config": asdict(config), "environment": environment(torch.device(config.device), "float32"), "rows": rows}
+    payload = {
+        "config": asdict(config),
+        "environment": environment(torch.device(config.device), "float32"),
+        "rows": rows,
+    }
     (args.output / "steered_layer.json").write_text(json.dumps(payload, indent=2, default=list))
     table = steered_layer_table(rows)
     (args.output / "steered_layer.md").write_text(table + "\n")

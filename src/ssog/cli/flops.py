@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "form whatever the backend; attention includes the projections.",
     )
     parser.add_argument("model", help="registered model name, e.g. mha_vit_base_patch16_224")
-    parser.add_argument("--img-size", type=int, default=None, help="square input side in pixels (default: the preset's)")
+    parser.add_argument("--img-size", type=int, default=None,
+                        help="square input side in pixels (default: the preset's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 

@@ -27,7 +27,8 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
     ("--threads", "threads", int, "intra-op threads of a CPU run (default 1)"),
     ("--checkpoint-every", "checkpoint_every", int, "also save last.safetensors every N optimizer steps"),
     ("--init-from", "init_from", str, "start from this checkpoint's backbone, with a new head; or timm:NAME, "
-                                      "timm's ViT NAME converted to SSoG (ssog.convert; pretrained where a hub is reachable)"),
+                                      "timm's ViT NAME converted to SSoG (ssog.convert; "
+                                      "pretrained where a hub is reachable)"),
     ("--wandb-project", "wandb_project", str, "log to this Weights & Biases project"),
 ]
 _FLAGS: list[tuple[str, str, str]] = [

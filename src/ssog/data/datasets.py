@@ -282,15 +282,21 @@ def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
                        crop_pct=0.875, classes=tuple(classes))
 
 
-def evaluation_folder(root: str | Path, split: str = "val", skip_bad_images: bool = False) -> tuple[Dataset, DatasetInfo]:
+def evaluation_folder(
+    root: str | Path, split: str = "val", skip_bad_images: bool = False
+) -> tuple[Dataset, DatasetInfo]:
     """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
     ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
     base = Path(root)
     if not base.is_dir():
-        raise FileNotFoundError(f"data folder {base} does not exist; expected DIR/<class>/<image> or DIR/{split}/<class>/<image>")
+        raise FileNotFoundError(
+            f"data folder {base} does not exist; expected DIR/<class>/<image> or DIR/{split}/<class>/<image>"
+        )
     folder = base / split if (base / split).is_dir() else base
     if folder == base and {"train", "val"} & {p.name for p in base.iterdir() if p.is_dir()}:
-        raise ValueError(f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)")
+        raise ValueError(
+            f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)"
+        )
     dataset = _image_folder(folder, skip_bad_images)
     return dataset, _imagefolder_info(dataset.classes)
 

@@ -379,9 +379,10 @@ class ViTBase(nn.Module):
         last = max_index if stop_early or intermediates_only else self.num_intermediates - 1
         x, (rows, cols) = self.embed(x)
         intermediates = []
-        for i, x in enumerate(self._states(x, (rows, cols), last)):
+        for i, state in enumerate(self._states(x, (rows, cols), last)):
+            x = state  # the final state feeds the returned norm below
             if i in take:
-                intermediates.append(self.norm(x) if norm else x)
+                intermediates.append(self.norm(state) if norm else state)
         prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
         intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
         if output_fmt == "NCHW":

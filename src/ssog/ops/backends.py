@@ -351,12 +351,10 @@ def steered_local(
     for (y0, y1, x0, x1), box in tiles:
         if x0 == 0:
             tile_rows.append([])
-
-        def flat(t: Tensor) -> Tensor:
-            return t[:, :, y0:y1, x0:x1].flatten(2, 3)
-
+        window = (slice(None), slice(None), slice(y0, y1), slice(x0, x1))  # [:, :, y0:y1, x0:x1]
+        tile_mu, tile_sigma, tile_weight = (t[window].flatten(2, 3) for t in (grid_mu, grid_sigma, grid_weight))
         out = _checkpointed(
-            _steered_tile, grid_values, flat(grid_mu), flat(grid_sigma), flat(grid_weight),
+            _steered_tile, grid_values, tile_mu, tile_sigma, tile_weight,
             query_y[y0:y1, x0:x1].flatten(), query_x[y0:y1, x0:x1].flatten(), box, several=several,
         )
         tile_rows[-1].append(out.view(batch, heads, y1 - y0, x1 - x0, dim))

@@ -64,7 +64,9 @@ if triton is not None:
         mixed = tl.zeros((BLOCK_R, BLOCK_W, BLOCK_D), dtype=tl.float32)
         for key_row in range(rows):
             weight = tl.load(ky_row + key_row, mask=atom < ATOMS, other=0.0)
-            values = tl.load(v_item + key_row * cols * dim + col[:, None] * dim + feature[None, :], mask=plane, other=0.0)
+            values = tl.load(
+                v_item + key_row * cols * dim + col[:, None] * dim + feature[None, :], mask=plane, other=0.0
+            )
             mixed += weight[:, None, None] * values.to(tl.float32)[None, :, :]
 
         # x contraction, all atoms in one product: [x', (r, x)] @ [(r, x), f]

@@ -103,5 +103,6 @@ def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...
         raise ValueError(
             f"the class folders of {folder} are not the classes the run {path} was trained on "
             f"(missing: {missing[:5] or 'none'}, not in the run: {extra[:5] or 'none'}; "
-            f"expected {len(run_classes)} folders: {', '.join(run_classes[:10])}{', ...' if len(run_classes) > 10 else ''})"
+            f"expected {len(run_classes)} folders: "
+            f"{', '.join(run_classes[:10])}{', ...' if len(run_classes) > 10 else ''})"
         )

@@ -59,5 +59,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
         classes = len(class_counts)
         summed = all_reduce_sum([*class_counts, *class_hits], ctx)
         metrics["class_counts"] = [int(n) for n in summed[:classes]]
-        metrics["class_acc1"] = [100.0 * h / n if n else float("nan") for n, h in zip(summed[:classes], summed[classes:])]
+        metrics["class_acc1"] = [
+            100.0 * h / n if n else float("nan") for n, h in zip(summed[:classes], summed[classes:])
+        ]
     return metrics
