@@ -414,9 +414,10 @@ class ViTBase(nn.Module):
 def _pool_layout(op: str, global_pool: str | None, class_token: bool | None) -> tuple[str, bool]:
     """Fill in the operator's default pooling and class token (:data:`DEFAULT_LAYOUT`)."""
     default_pool, default_token = DEFAULT_LAYOUT.get(op, DEFAULT_LAYOUT["mha"])
-    if global_pool is None:
-        # A class token the caller asked for is what the model pools, as in timm.
-        global_pool = "token" if class_token else default_pool if class_token is None else "avg"
+    if global_pool is None and class_token is None:
+        global_pool = default_pool
+    elif global_pool is None:
+        global_pool = "token" if class_token else "avg"  # a class token asked for is what is pooled
     if class_token is None:
         class_token = True if global_pool == "token" else default_token
     return global_pool, class_token
