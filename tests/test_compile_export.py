@@ -17,16 +17,8 @@ FAMILIES = ("vit", "loopvit", "odevit")
 SMALL = dict(embed_dim=16, num_heads=2)
 
 
-STEERED_BACKWARD_BUG = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="aot_autograd's backward graph of the steered path fails with 'view size is not compatible' "
-           "(forward compiles); open in issue 9",
-)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("steer", [(), pytest.param(("mu", "sigma", "lambda"), marks=STEERED_BACKWARD_BUG)],
-                         ids=["fixed", "steered"])
+@pytest.mark.parametrize("steer", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
 def test_compile_fullgraph_equals_eager(family, steer):
     torch.manual_seed(0)
     model = timm.create_model(f"ssog_{family}_micro_patch1_8", steer=steer, steer_gate_init=0.0, **SMALL)

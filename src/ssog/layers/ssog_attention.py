@@ -186,7 +186,13 @@ class SSoGAttention(nn.Module):
         heads, atoms = self.num_heads, self.num_atoms
 
         def steering(name: str, components: int) -> Tensor:
+            # Contiguous in (B, H, N, R, c), the layout of the gradients that come back from
+            # the backends: with an input laid out (B, N, H, R, c) instead, softplus_backward's
+            # eager CPU kernel lays its output out like the gradient and its fake-tensor rule
+            # like the input (PyTorch 2.14), and a view that torch.compile's backward graph
+            # traced from the fake strides fails at run time. The copy is B*N*H*R*c numbers.
             out = self.steer_proj[name](patches).view(batch, n, heads, atoms, components).transpose(1, 2)
+            out = out.contiguous()
             gate = torch.sigmoid(self.steer_gate[name]).view(1, heads, 1, 1, 1)
             return gate * out  # (B, H, N, R, components)
 
