@@ -1,4 +1,5 @@
-"""``ssog.convert``: timm ViTs (DeiT distilled, registers) with every attention made SSoG."""
+"""``ssog.convert``: timm ViTs (DeiT distilled, registers) with every attention made SSoG; and the
+same conversion of attention weights on their way into an SSoG model (``--init-from``)."""
 from __future__ import annotations
 
 import pytest
@@ -76,3 +77,59 @@ def test_init_from_timm_builds_the_converted_model():
     bad = TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:no_such_vit", dataset="synthetic")
     with pytest.raises(ValueError, match="timm has no model 'no_such_vit'"):
         build_model(bad, num_classes=4, in_chans=3, img_size=32)
+
+
+#: The layout of the MHA sources (class token, class-token pooling), which the SSoG ViT warns about.
+CLASS_TOKEN_LAYOUT = pytest.mark.filterwarnings("ignore:an SSoG ViT pooled by its class token")
+
+
+def _timm_vit_weights(path):
+    """A small random timm ViT (class token, 16 patches of 8 px) and its plain weights file."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                            depth=2, num_heads=2, num_classes=5).eval()
+    save_file(vit.state_dict(), str(path))
+    return vit
+
+
+def _ssog_vit(**layout):
+    """The SSoG ViT of ``_timm_vit_weights``'s architecture, with ``layout``."""
+    return timm.create_model("ssog_vit_tiny_patch4_32", patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                             num_classes=5, **layout).eval()
+
+
+@CLASS_TOKEN_LAYOUT
+def test_init_from_attention_weights_converts_them_as_convert_does(tmp_path):
+    from ssog.train import init_from_checkpoint
+
+    vit = _timm_vit_weights(tmp_path / "vit.safetensors")
+    model = _ssog_vit(class_token=True, global_pool="token")
+    messages = []
+    init_from_checkpoint(model, tmp_path / "vit.safetensors", keep_head=True, log=messages.append)
+    assert "attention converted to SSoG (6 kernel tensors at their initialisation)" in messages[0]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ssog.convert(vit)(x), rtol=0, atol=1e-6)
+
+    with pytest.raises(ValueError, match="has a class token and this one has none.*class_token: true"):
+        init_from_checkpoint(_ssog_vit(), tmp_path / "vit.safetensors", log=lambda _: None)
+
+
+@CLASS_TOKEN_LAYOUT
+def test_cli_fine_tunes_an_ssog_model_from_an_mha_run(tmp_path, capsys, tiny_config):
+    from ssog.cli import main
+    from ssog.train import train
+
+    mha = tiny_config(tmp_path / "mha", model="mha_vit_micro_patch1_8", epochs=1)
+    train(mha)
+    capsys.readouterr()
+    layout = {**mha.model_kwargs, "class_token": True, "global_pool": "token"}
+    args = ["train", "--model", "ssog_vit_micro_patch1_8", "--init-from", str(tmp_path / "mha"),
+            "--dataset", "synthetic", "--img-size", "8", "--epochs", "1", "--batch-size", "16",
+            "--augment", "none", "--no-progress", "--output", str(tmp_path / "ssog"),
+            "--set", "synthetic_size=64", "--set", "synthetic_classes=4", "--set", "init_keep_head=true"]
+    args += [a for k, v in layout.items() for a in ("--set", f"model_kwargs.{k}={v}")]
+    assert main(args) == 0
+    assert "head loaded; attention converted to SSoG" in capsys.readouterr().out

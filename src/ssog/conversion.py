@@ -7,17 +7,20 @@ and ``proj``; the query/key slices (and ``q_norm``/``k_norm``) are dropped. Ever
 (patch and position embedding, class/register/distillation tokens, norms, MLPs, heads) is
 untouched. Prefix tokens follow docs/operator.md: patch queries never read them, a prefix
 query's output is the mean of the patch values.
+
+:func:`convert_state_dict` does the same to weights on their way into an SSoG model of the
+source's layout (``ssog train --init-from`` an MHA checkpoint or timm ViT weights file).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from .layers import SSoGAttention
+from .layers import SSoGAttention, named_mixers
 
-__all__ = ["ConvertedAttention", "convert"]
+__all__ = ["ConvertedAttention", "convert", "convert_state_dict"]
 
 
 class ConvertedAttention(SSoGAttention):
@@ -75,6 +78,56 @@ def convert(model: nn.Module, **ssog_options: Any) -> nn.Module:
     return model
 
 
+def convert_state_dict(
+    state: Mapping[str, Tensor], model: nn.Module
+) -> tuple[dict[str, Tensor], tuple[str, ...]]:
+    """Weights of a ViT with attention, converted for ``model``, the same ViT with SSoG mixers.
+
+    Every SSoG mixer ``NAME`` of ``model`` whose weights ``state`` holds as an attention's
+    (``NAME.qkv.*``, ``NAME.proj.*``: timm's ViTs and the ``mha_*`` models) gets the value
+    slice of ``qkv`` and ``proj``, as :func:`convert` gives them; the query and key slices (and
+    ``q_norm``/``k_norm``) are dropped. Everything else is returned as it is.
+
+    Returns:
+        The converted weights, and the keys of ``model`` that the converted mixers take from
+        no weight (kernel and steering parameters: they keep ``model``'s initialisation).
+    """
+    state = dict(state)
+    target = model.state_dict()
+    initialised: list[str] = []
+    for name, mixer in named_mixers(model, SSoGAttention):
+        prefix = f"{name}."
+        if f"{prefix}qkv.weight" not in state:
+            continue
+        attention = {k[len(prefix):]: state.pop(k) for k in list(state) if k.startswith(prefix)}
+        unknown = sorted(k for k in attention if not k.startswith(("qkv.", "proj.", "q_norm.", "k_norm.")))
+        if unknown:
+            raise ValueError(f"{name}: attention weights {unknown} have no place in an SSoG mixer")
+        state.update({prefix + k: v for k, v in _ssog_projections(attention, mixer.dim, name).items()})
+        initialised += [k for k in target if k.startswith(prefix) and k not in state]
+    return state, tuple(initialised)
+
+
+def _ssog_projections(attention: Mapping[str, Tensor], dim: int, name: str) -> dict[str, Tensor]:
+    """SSoG's ``v.*`` and ``proj.*`` from one attention's ``qkv.*`` and ``proj.*`` weights.
+
+    ``qkv.weight (3D, D)`` stacks query, key and value (timm's order), so the value
+    projection is rows ``2D:3D`` (and of ``qkv.bias (3D,)``, if any). ``proj.weight (D, D)``
+    is kept, with its bias or zeros (SSoG's output projection always has one).
+    """
+    qkv, proj = attention["qkv.weight"], attention.get("proj.weight")
+    if proj is None or tuple(qkv.shape) != (3 * dim, dim) or tuple(proj.shape) != (dim, dim):
+        raise ValueError(
+            f"{name}: qkv {tuple(qkv.shape)} and proj {None if proj is None else tuple(proj.shape)} are not the "
+            f"plain width-preserving attention of width {dim} that SSoG replaces"
+        )
+    out = {"v.weight": qkv[2 * dim:], "proj.weight": proj}
+    if "qkv.bias" in attention:
+        out["v.bias"] = attention["qkv.bias"][2 * dim:]
+    out["proj.bias"] = attention.get("proj.bias", proj.new_zeros(dim))
+    return out
+
+
 def _convert_attention(
     attn: nn.Module, num_prefix_tokens: int, name: str, options: dict[str, Any]
 ) -> ConvertedAttention:
@@ -84,21 +137,12 @@ def _convert_attention(
     if not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity):
         raise ValueError(f"{name} normalises its attention output (scale_norm), which SSoG cannot keep")
     dim = proj.in_features
-    if qkv.in_features != dim or qkv.out_features != 3 * dim or proj.out_features != dim:
-        raise ValueError(f"{name}: qkv {qkv.in_features}->{qkv.out_features} and proj {dim}->{proj.out_features} "
-                         "are not the plain width-preserving attention SSoG replaces")
+    weights = {f"{layer}.{k}": v for layer in ("qkv", "proj") for k, v in getattr(attn, layer).state_dict().items()}
+    projections = _ssog_projections(weights, dim, name)
     mixer = ConvertedAttention(
         dim, attn.num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv.bias is not None,
         proj_drop=getattr(attn.proj_drop, "p", 0.0), device=qkv.weight.device, dtype=qkv.weight.dtype,
         **options,
     )
-    with torch.no_grad():
-        mixer.v.weight.copy_(qkv.weight[2 * dim:])
-        if qkv.bias is not None:
-            mixer.v.bias.copy_(qkv.bias[2 * dim:])
-        mixer.proj.weight.copy_(proj.weight)
-        if proj.bias is not None:
-            mixer.proj.bias.copy_(proj.bias)
-        else:
-            mixer.proj.bias.zero_()
+    mixer.load_state_dict(projections, strict=False)  # the kernel parameters keep their initialisation
     return mixer

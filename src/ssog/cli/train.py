@@ -26,7 +26,8 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
     ("--device", "device", str, "auto | cpu | cuda"),
     ("--threads", "threads", int, "intra-op threads of a CPU run (default 1)"),
     ("--checkpoint-every", "checkpoint_every", int, "also save last.safetensors every N optimizer steps"),
-    ("--init-from", "init_from", str, "start from this checkpoint's backbone, with a new head; or timm:NAME, "
+    ("--init-from", "init_from", str, "start from this checkpoint's (or run folder's best) backbone, with a new "
+                                      "head, its attention converted where the model is SSoG; or timm:NAME, "
                                       "timm's ViT NAME converted to SSoG (ssog.convert; "
                                       "pretrained where a hub is reachable)"),
     ("--wandb-project", "wandb_project", str, "log to this Weights & Biases project"),

@@ -9,8 +9,9 @@ import torch
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import load_state_dict as timm_load_state_dict
 
+from ssog.conversion import convert_state_dict
 from ssog.layers import ssog_mixers
-from ssog.train.checkpoint import FORMAT, check_state_dict, load_checkpoint
+from ssog.train.checkpoint import FORMAT, check_state_dict, checkpoint_path, load_checkpoint
 
 __all__ = [
     "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
@@ -98,21 +99,43 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
     """Load a checkpoint's backbone into ``model``, keeping ``model``'s freshly initialised head
     (or, with ``keep_head``, loading the checkpoint's head too: same classes).
 
-    Position and patch embeddings are resampled when sizes differ. Steering parameters the
-    checkpoint lacks keep their initialisation (fixed SSoG -> steered warm start, with the
-    gates closed so the model starts as the fixed one). Any other difference is an error.
+    ``path``: a checkpoint or weights file, or a run folder (its ``best``). Position and patch
+    embeddings are resampled when sizes differ. Steering parameters the checkpoint lacks keep
+    their initialisation (fixed SSoG -> steered warm start, with the gates closed so the
+    model starts as the fixed one). Attention weights (an MHA run, timm ViT weights) where
+    ``model`` has SSoG mixers are converted as :func:`ssog.convert` converts a model (the value
+    slice of ``qkv`` and ``proj``; kernels at their initialisation), so ``model`` must have
+    the source's layout (class token, pooling). Any other difference is an error.
     """
+    path = checkpoint_path(path, "best")
     state, _ = load_weights(path)
     heads = () if keep_head else classifier_prefixes(model)
     state = {k: v for k, v in state.items() if not k.startswith(heads)}
+    state, kernels = convert_state_dict(state, model)
+    _check_class_token(model, state, path)
     _adapt_embeddings(model, state, log)
     target = model.state_dict()
     new = tuple(k for k in target if k not in state and any(m in k for m in STEERING_MARKERS))
-    check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new)
+    check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
     model.load_state_dict(state, strict=False)
-    kept = "head loaded" if keep_head else f"new head {', '.join(h.rstrip('.') for h in heads)}"
-    log(f"initialised from {path}: {kept}"
-        + (f"; {len(new)} steering tensors left at their initialisation" if new else ""))
+    notes = ["head loaded" if keep_head else f"new head {', '.join(h.rstrip('.') for h in heads)}"]
+    if kernels:
+        notes.append(f"attention converted to SSoG ({len(kernels)} kernel tensors at their initialisation)")
+    steering = [k for k in new if k not in kernels]
+    if steering:
+        notes.append(f"{len(steering)} steering tensors left at their initialisation")
+    log(f"initialised from {path}: {'; '.join(notes)}")
+
+
+def _check_class_token(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """A checkpoint's class token must meet one in ``model``: their token layouts differ otherwise."""
+    has_token, wants_token = "cls_token" in state, "cls_token" in model.state_dict()
+    if has_token != wants_token:
+        raise ValueError(
+            f"--init-from {path}: the checkpoint's model {'has a' if has_token else 'has no'} class token and this "
+            f"one {'has none' if has_token else 'has one'}; build the model with the checkpoint's layout "
+            f"(model_kwargs class_token: {str(has_token).lower()}, global_pool: {'token' if has_token else 'avg'})"
+        )
 
 
 def freeze_backbone(model: torch.nn.Module) -> int:
