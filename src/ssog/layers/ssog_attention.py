@@ -38,7 +38,7 @@ def multiscale_widths(num_heads: int, num_atoms: int, low: float = 0.5, high: fl
     return ladder.view(num_atoms, num_heads).t().float()
 
 
-def initial_centres(num_heads: int, num_atoms: int, kind: str = "ring", radius: float = 1.0) -> Tensor:
+def initial_centres(num_heads: int, num_atoms: int, kind: str = "ring", radius: float = 2.0) -> Tensor:
     """Initial centres ``mu (H, R, 2)`` (y, x) in tokens, relative to the query.
 
     ``"ring"``: the ``H*R`` atoms of a layer on a circle of ``radius`` tokens at angles
@@ -79,7 +79,7 @@ class SSoGAttention(nn.Module):
     are in token units, and ``lambda = softmax(logits)``.
 
     Initialisation (``centre_init``, ``width_init``): centres on a ring of
-    ``centre_radius`` = 1 token, so the atoms of a layer point in different directions
+    ``centre_radius`` = 2 tokens, so the atoms of a layer point in different directions
     (:func:`initial_centres`; ``"zero"`` is a blur around the query that cannot tell left
     from right); widths on a geometric ladder from 0.5 to 4 tokens spread over the atoms
     and heads (:func:`initial_widths`, never below ``sigma_min + 0.05``); equal mixture
@@ -121,7 +121,7 @@ class SSoGAttention(nn.Module):
         proj_drop: float = 0.0,
         backend: str = "auto",
         centre_init: str = "ring",
-        centre_radius: float = 1.0,
+        centre_radius: float = 2.0,
         width_init: str = "ladder",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
