@@ -93,10 +93,16 @@ def stratified_split(
         raise ValueError(
             f"val_split must be a fraction in (0, 1) or a sample count in [1, {n - 1}], got {val_split!r}"
         )
-    train_idx, val_idx = train_test_split(
-        np.arange(n), test_size=val_split, stratify=np.asarray(targets), random_state=seed, shuffle=True
+    return _stratified_indices(targets, val_split, seed)
+
+
+def _stratified_indices(targets: Sequence[int], test_size: float | int, seed: int) -> tuple[list[int], list[int]]:
+    """scikit-learn's seeded stratified ``train_test_split`` of ``range(len(targets))``, as sorted
+    (kept, held out) index lists; ``test_size`` is a fraction or a count, already checked."""
+    kept, held_out = train_test_split(
+        np.arange(len(targets)), test_size=test_size, stratify=np.asarray(targets), random_state=seed, shuffle=True
     )
-    return sorted(train_idx.tolist()), sorted(val_idx.tolist())
+    return sorted(kept.tolist()), sorted(held_out.tolist())
 
 
 def dataset_targets(dataset: Dataset) -> list[int]:
@@ -122,10 +128,8 @@ def training_subset(dataset: Dataset, size: int, seed: int) -> Dataset:
             f"train_subset must be a sample count in [{classes}, {len(targets) - 1}] (at least one "
             f"image per class, fewer than the {len(targets)} training images), got {size!r}"
         )
-    keep, _ = train_test_split(
-        np.arange(len(targets)), train_size=size, stratify=np.asarray(targets), random_state=seed, shuffle=True
-    )
-    return Subset(dataset, sorted(keep.tolist()))
+    keep, _ = _stratified_indices(targets, len(targets) - size, seed)
+    return Subset(dataset, keep)
 
 
 def _split(dataset: Dataset, targets: Sequence[int], val_split: float | int, seed: int) -> tuple[Subset, Subset]:
