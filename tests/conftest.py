@@ -1,12 +1,16 @@
 """Fixtures shared by the training, checkpoint, reliability and distributed tests:
-tiny, fast training configs and the ``ssog`` command line run as a subprocess."""
+tiny, fast training configs, child processes that never outlive their test, and the ``ssog``
+command line run as such a child."""
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -34,6 +38,48 @@ def tiny_config() -> Callable[..., TrainConfig]:
     """``tiny_config(output, **overrides)``: 4 steps per epoch of a 2-block width-16 SSoG ViT
     on 64 synthetic 8x8 images of 4 classes, deterministic, 2 epochs."""
     return _tiny_config
+
+
+# Linux's prctl, looked up here rather than in the forked child, where only the call itself runs.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_pytest() -> None:
+    """Run in the child before its command: the kernel kills it when pytest's process ends,
+    even when pytest itself is killed and runs no finalizer."""
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+@contextmanager
+def child_process(command: Sequence[str], **kwargs: Any) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(command, **kwargs)`` that does not outlive the block: if the child still
+    runs when the block ends (the test failed, timed out or was interrupted), it gets SIGTERM, so
+    that torchrun stops its workers too, and SIGKILL 30 s later."""
+    with subprocess.Popen(command, preexec_fn=_die_with_pytest if _PRCTL else None, **kwargs) as process:
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+def run_child(command: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)``, the
+    child stopped as by :func:`child_process` if the test ends first."""
+    with child_process(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs) as process:
+        stdout, stderr = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="session", name="run_child")
+def run_child_fixture() -> Callable[..., subprocess.CompletedProcess]:
+    """:func:`run_child` for the test modules (``run_child(command, timeout, **popen_kwargs)``)."""
+    return run_child
 
 
 class SsogCli:
@@ -64,11 +110,11 @@ class SsogCli:
         return args
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(*args), cwd=REPO, env=self.env(), capture_output=True, text=True,
-                              timeout=timeout)
+        return run_child(self.command(*args), timeout, cwd=REPO, env=self.env())
 
-    def popen(self, *args: str, **kwargs: Any) -> subprocess.Popen:
-        return subprocess.Popen(self.command(*args), cwd=REPO, env=self.env(), text=True, **kwargs)
+    def popen(self, *args: str, **kwargs: Any) -> AbstractContextManager[subprocess.Popen]:
+        """``with ssog_cli.popen(...) as process:``, a :func:`child_process`."""
+        return child_process(self.command(*args), cwd=REPO, env=self.env(), text=True, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -153,20 +153,21 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, tiny_config, ssog_cli):
     exactly where an uninterrupted run ends."""
     options = dict(epochs=3, img_size=16, synthetic_size=96, batch_size=8)  # 12 steps per epoch
     cfg = tiny_config(tmp_path / "run", checkpoint_every=2, **options)
-    process = ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     last = tmp_path / "run" / "last.safetensors"
     seen = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        if last.exists():
-            progress = read_checkpoint_info(last)["progress"]
-            if progress["global_step"] >= 4 and progress["step_in_epoch"] > 0:
-                process.send_signal(signal.SIGKILL)
-                seen = progress
-                break
-        time.sleep(0.01)
-    process.wait(timeout=60)
-    assert seen is not None and process.returncode == -signal.SIGKILL, process.stderr.read()[-2000:]
+    with ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE) as process:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            if last.exists():
+                progress = read_checkpoint_info(last)["progress"]
+                if progress["global_step"] >= 4 and progress["step_in_epoch"] > 0:
+                    process.send_signal(signal.SIGKILL)
+                    seen = progress
+                    break
+            time.sleep(0.01)
+        process.wait(timeout=60)
+        assert seen is not None and process.returncode == -signal.SIGKILL, process.stderr.read()[-2000:]
     assert not (tmp_path / "run" / "summary.json").exists()
 
     resumed = ssog_cli.run("train", "--resume", str(tmp_path / "run"))

@@ -5,7 +5,6 @@ augmentation, and DDP averages the two half-batch gradients, so the runs differ 
 float32 summation order: losses agree to a relative 1e-4 (observed on this CPU: 3e-8 to 1e-7).
 """
 import json
-import subprocess
 import sys
 
 import pytest
@@ -21,13 +20,13 @@ def _history(run_dir):
 
 
 @pytest.mark.timeout(300)
-def test_two_gloo_processes_match_one_process(tmp_path, tiny_config, ssog_cli):
+def test_two_gloo_processes_match_one_process(tmp_path, tiny_config, ssog_cli, run_child):
     options = dict(epochs=2, batch_size=16, augment="weak", checkpoint_every=3)
     single = train(tiny_config(tmp_path / "one", **options))
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "ssog", "train", *ssog_cli.config_args(tiny_config(tmp_path / "two", **options))]
-    result = subprocess.run(command, cwd=ssog_cli.repo, env=ssog_cli.env(), capture_output=True, text=True, timeout=240)
+    result = run_child(command, 240, cwd=ssog_cli.repo, env=ssog_cli.env())
     assert result.returncode == 0, result.stderr[-3000:]
     double = json.loads((tmp_path / "two" / "summary.json").read_text())
 

@@ -3,18 +3,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
 
 
-def test_dry_run_runs_every_phase_and_writes_results(tmp_path):
+def test_dry_run_runs_every_phase_and_writes_results(tmp_path, run_child):
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PYTHON": sys.executable, "TORCHRUN": str(bin_dir / "torchrun"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = run_child(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], 600, env=env)
     status = dict(line.split() for line in (tmp_path / "status.txt").read_text().splitlines())
     assert status == dict.fromkeys(
         ("operator", "steered-layer", "sweep-inference", "sweep-train", "nccl-smoke"), "0"
@@ -30,6 +28,6 @@ def test_dry_run_runs_every_phase_and_writes_results(tmp_path):
     assert any((tmp_path / "train_smoke").iterdir())
 
 
-def test_unknown_option_is_one_clear_line(tmp_path):
-    done = subprocess.run(["bash", str(SCRIPT), "--fast"], capture_output=True, text=True, timeout=60)
+def test_unknown_option_is_one_clear_line(run_child):
+    done = run_child(["bash", str(SCRIPT), "--fast"], 60)
     assert done.returncode == 2 and "unknown option --fast" in done.stderr

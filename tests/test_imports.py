@@ -3,7 +3,6 @@ imported first; each case runs in a fresh interpreter, since imports are process
 (That ``import ssog.ops`` needs torch alone is tests/test_ops.py's.)"""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
      "ViT"),
     ("import ssog.ops; import timm; print('ssog_vit_micro_patch1_8' in timm.list_models())", "True"),
 ])
-def test_import_registers_models_without_loading_timm_for_the_operator(code, expected):
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+def test_import_registers_models_without_loading_timm_for_the_operator(code, expected, run_child):
+    result = run_child([sys.executable, "-c", code], 300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import sys
 
 import pytest
@@ -395,8 +394,8 @@ def test_the_largest_accepted_centre_gives_finite_kernels():
     assert torch.equal(a[0, :, 3 * 5], torch.ones(20))  # all mass on the bottom-left key
 
 
-def test_importing_the_operator_needs_torch_alone():
+def test_importing_the_operator_needs_torch_alone(run_child):
     code = ("import sys, ssog, ssog.ops, ssog.layers; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'timm', 'torchdiffeq', 'torchvision'}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    result = run_child([sys.executable, "-c", code], 600)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-2000:]

@@ -179,13 +179,14 @@ def test_non_finite_weights_are_refused_on_load(one_epoch_run, capsys):
 def test_a_signal_saves_the_step_and_says_how_to_resume(signum, tmp_path, tiny_config, ssog_cli):
     run = tmp_path / "run"
     cfg = tiny_config(run, epochs=1000, checkpoint_every=0)
-    process = ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 600  # a loaded machine can take minutes to import torch
-    while not (run / "last.safetensors").exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    assert (run / "last.safetensors").exists(), "the run saved no checkpoint to interrupt"
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=60)
+    with ssog_cli.popen("train", *ssog_cli.config_args(cfg), stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE) as process:
+        deadline = time.monotonic() + 600  # a loaded machine can take minutes to import torch
+        while not (run / "last.safetensors").exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert (run / "last.safetensors").exists(), "the run saved no checkpoint to interrupt"
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signum, err[-2000:]
     line = err.strip().splitlines()[-1]
     stopped = re.fullmatch(rf"ssog train: interrupted at epoch (\d+) step (\d+); resume with ssog train --resume {run}",

@@ -17,6 +17,7 @@ import tarfile
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import pytest
 import timm
@@ -38,7 +39,7 @@ _EXTRA_ARGS = {
 }
 
 
-def _timm_test_models() -> ModuleType | str:
+def _timm_test_models(run_child: Callable[..., subprocess.CompletedProcess]) -> ModuleType | str:
     """timm's ``tests/test_models.py`` as a module, or why it cannot be had."""
     cache = Path(os.environ.get("SSOG_TIMM_SRC", Path.home() / ".cache" / "ssog" / "timm-src"))
     source = cache / f"timm-{timm.__version__}-test_models.py"
@@ -46,10 +47,10 @@ def _timm_test_models() -> ModuleType | str:
         archive = cache / f"timm-{timm.__version__}.tar.gz"
         if not archive.is_file():
             cache.mkdir(parents=True, exist_ok=True)
-            fetch = subprocess.run(
+            fetch = run_child(
                 [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                  f"timm=={timm.__version__}", "-d", str(cache)],
-                capture_output=True, text=True, timeout=120,
+                120,
             )
             if fetch.returncode or not archive.is_file():
                 return f"timm {timm.__version__} source release not cached in {cache} and not downloadable"
@@ -67,8 +68,8 @@ def _timm_test_models() -> ModuleType | str:
 
 
 @pytest.fixture(scope="module")
-def timm_tests() -> ModuleType:
-    module = _timm_test_models()
+def timm_tests(run_child: Callable[..., subprocess.CompletedProcess]) -> ModuleType:
+    module = _timm_test_models(run_child)
     if isinstance(module, str):
         pytest.skip(module)
     return module

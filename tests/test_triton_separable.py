@@ -6,7 +6,6 @@ before Triton is imported, so the checks run in a fresh interpreter. Skipped wit
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -66,9 +65,9 @@ print("ok")
 """
 
 
-def test_triton_kernel_matches_dense_definition_in_interpreter():
+def test_triton_kernel_matches_dense_definition_in_interpreter(run_child):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600)
+    done = run_child([sys.executable, "-c", CHECKS], 600, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
 
 
