@@ -109,9 +109,6 @@ class SsogCli:
                     args += ["--set", f"{key}={'null' if value is None else value}"]
         return args
 
-    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return run_child(self.command(*args), timeout, cwd=REPO, env=self.env())
-
     def popen(self, *args: str, **kwargs: Any) -> AbstractContextManager[subprocess.Popen]:
         """``with ssog_cli.popen(...) as process:``, a :func:`child_process`."""
         return child_process(self.command(*args), cwd=REPO, env=self.env(), text=True, **kwargs)
