@@ -62,6 +62,9 @@ def test_recipe_model_builds_at_full_size(run):
 @pytest.mark.parametrize("run", SMOKE_RUNS, ids=[_id(r) for r in SMOKE_RUNS])
 def test_recipe_trains_one_step(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # curves.png is drawn alike for every recipe (none keeps an EMA) and checked by
+    # tests/test_train.py; drawn here it would be most of each smoke run's time
+    monkeypatch.setattr("ssog.train.logger.plot_curves", lambda history, path: None)
     smoke = _smoke_config(run)
     if smoke.init_from:  # warm start / transfer: a fixed-SSoG source run of the same shape
         kwargs = {k: v for k, v in smoke.model_kwargs.items() if not k.startswith("steer")}
