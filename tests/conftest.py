@@ -1,6 +1,6 @@
-"""Fixtures shared by the training, checkpoint, reliability and distributed tests:
-tiny, fast training configs, child processes that never outlive their test, and the ``ssog``
-command line run as such a child."""
+"""Fixtures shared by the tests: one torch thread; and, for the training, checkpoint,
+reliability and distributed tests, tiny, fast training configs, child processes that never
+outlive their test, and the ``ssog`` command line run as such a child."""
 from __future__ import annotations
 
 import ctypes
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import pytest
+import torch
 
 from ssog.train import TrainConfig
 
@@ -21,6 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 # A 2-block SSoG ViT of width 16 on 8x8 synthetic images, 2x2 patches: milliseconds per step.
 TINY_MODEL = "ssog_vit_micro_patch1_8"
 TINY_KWARGS = {"embed_dim": 16, "num_heads": 2, "depth": 2, "patch_size": 2, "global_pool": "token"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> None:
+    """Torch runs on one thread in the tests: their tensors are tiny, and a second thread only
+    adds synchronisation stalls, which grow many-fold when the CPU is busy (on this 2-core
+    machine, loaded: tests/test_models.py 68-88 s with two threads, 10-11 s with one)."""
+    torch.set_num_threads(1)
 
 
 def _tiny_config(output: Path | str, **overrides: Any) -> TrainConfig:
@@ -95,6 +104,7 @@ class SsogCli:
     def env() -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+        env["OMP_NUM_THREADS"] = "1"  # one torch thread, as in the tests' own process
         return env
 
     @staticmethod

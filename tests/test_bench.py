@@ -18,15 +18,6 @@ from ssog.layers import MultiHeadAttention
 MB = 1_000_000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The test models are tiny: a second thread only adds synchronisation stalls on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --------------------------------------------------------------------- timing / memory
 
 
@@ -155,7 +146,7 @@ def test_results_files_round_trip(sweep_results, tmp_path):
     assert loaded.rows == sweep_results.rows
     env = loaded.environment
     assert env["device"] == "cpu" and env["dtype"] == "fp32"
-    assert env["torch"] == torch.__version__ and env["threads"] == 1
+    assert env["torch"] == torch.__version__ and env["threads"] == 1  # conftest's one torch thread
     assert loaded.config["resolutions"] == [4, 8]
 
 
