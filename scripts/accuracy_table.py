@@ -1,11 +1,13 @@
 """Markdown table (and a curve plot) of finished `ssog train` runs, for docs/results/accuracy.md.
 
     python scripts/accuracy_table.py RUN_DIR [RUN_DIR ...] [--plot curves.png] [--title TEXT]
+        [--grad-plot grad_norms.png]
 
 One row per run folder, named by the folder: parameters, the last epoch's validation
 Acc@1/3/5 and loss, its final train loss, the best Acc@1 and its epoch, and the training
-time (sum of the epochs' seconds). Reads only what `ssog train` writes: `log.jsonl`,
-`summary.json` and `config.yaml`.
+time (sum of the epochs' seconds). `--grad-plot` draws one panel per parameter group: the
+epoch's mean gradient norm (`grad_norm` in log.jsonl) per epoch, a line per run. Reads only
+what `ssog train` writes: `log.jsonl`, `summary.json` and `config.yaml`.
 """
 from __future__ import annotations
 
@@ -59,11 +61,52 @@ def plot(runs: list[Path], path: Path, title: str) -> None:
     print(f"wrote {path}")
 
 
+def grad_plot(runs: list[Path], path: Path, title: str) -> None:
+    """One panel per parameter group (the union over runs): mean gradient norm per epoch, log y."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    histories = {}
+    for run in runs:
+        history = [r for r in _history(run) if "grad_norm" in r]
+        if history:
+            histories[run] = history
+        else:
+            print(f"note: {run} has no grad_norm records (a run from before they were logged): skipped")
+    if not histories:
+        print("no run has grad_norm records: no gradient plot")
+        return
+    groups = sorted({group for history in histories.values() for r in history for group in r["grad_norm"]})
+    cols = min(3, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, group in zip(axes.flat, groups):
+        for run, history in histories.items():
+            points = [(r["epoch"], r["grad_norm"][group]) for r in history if r["grad_norm"].get(group)]
+            if points:
+                style = "--" if run.name.startswith("mha") else "-"
+                ax.plot(*zip(*points), style, marker=".", label=run.name)
+        ax.set(xlabel="epoch", ylabel="mean gradient L2 norm", title=group, yscale="log")
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of `ssog train`")
     parser.add_argument("--plot", type=Path, help="also plot validation Acc@1 and losses per epoch here")
-    parser.add_argument("--title", default="", help="title of the plot")
+    parser.add_argument("--title", default="", help="title of the plots")
+    parser.add_argument("--grad-plot", type=Path,
+                        help="also plot each parameter group's mean gradient norm per epoch here")
     args = parser.parse_args()
     print("| run | params | epochs | Acc@1 | Acc@3 | Acc@5 | val loss | train loss | best Acc@1 | train min |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -71,6 +114,8 @@ def main() -> None:
         print(row(run))
     if args.plot:
         plot(args.runs, args.plot, args.title)
+    if args.grad_plot:
+        grad_plot(args.runs, args.grad_plot, args.title)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from ssog.train import check_state_dict, load_checkpoint, save_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
 from ssog.train.engine import Trainer
 
-METRICS = ("train_loss", "val_loss", "acc1", "acc3", "acc5", "lr", "step")
+METRICS = ("train_loss", "val_loss", "acc1", "acc3", "acc5", "lr", "step", "grad_norm")
 
 
 def _trained_optimizer():

@@ -36,5 +36,6 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_config, ssog_cli, r
         for key in ("train_loss", "val_loss"):
             assert two[key] == pytest.approx(one[key], rel=TOLERANCE), (one["epoch"], key)
         assert abs(two["acc1"] - one["acc1"]) <= 100 / 16  # at most one of 16 validation images
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=TOLERANCE)  # of the averaged gradient
     state = read_checkpoint_info(tmp_path / "two" / "last.safetensors")
     assert state["progress"]["global_step"] == 8

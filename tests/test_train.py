@@ -1,6 +1,8 @@
 """Training engine, configs, transfer (init-from, linear probe), evaluation and the CLI."""
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,9 @@ from ssog.train import (
     parse_override, resolve_config, set_input_size, train,
 )
 from ssog.train.builders import build_model
+from ssog.train.metrics import parameter_groups
+
+ACCURACY_TABLE = Path(__file__).resolve().parents[1] / "scripts" / "accuracy_table.py"
 
 
 # ---------------------------------------------------------------- configs and recipes
@@ -58,7 +63,7 @@ def test_recipe_errors(tmp_path):
 
 
 # ---------------------------------------------------------------- the engine
-def test_training_writes_summary_logs_and_checkpoints(tmp_path, tiny_config):
+def test_training_writes_summary_logs_and_checkpoints(tmp_path, capsys, tiny_config):
     summary = train(tiny_config(tmp_path / "run", epochs=2, ema_decay=0.9, augment="strong"))
     run = tmp_path / "run"
     for name in ("config.yaml", "summary.json", "log.jsonl", "log.csv", "curves.png",
@@ -72,6 +77,43 @@ def test_training_writes_summary_logs_and_checkpoints(tmp_path, tiny_config):
     assert 0 <= summary["acc1"] <= summary["acc3"] <= summary["acc5"] == 100.0  # 4 classes: top-5 is all
     rows = (run / "log.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch,step,lr,train_loss,val_loss,acc1,acc3,acc5")
+    assert "grad_norm/mixer.kernel" in rows[0].split(",")
+    groups = set(parameter_groups(build_model(tiny_config(tmp_path), 4, 3, 8)))
+    for record in (json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()):
+        assert set(record["grad_norm"]) == groups
+        assert all(math.isfinite(norm) and norm > 0 for norm in record["grad_norm"].values()), record
+
+    # scripts/accuracy_table.py --grad-plot draws it, skipping a run logged before grad_norm was
+    spec = importlib.util.spec_from_file_location("accuracy_table", ACCURACY_TABLE)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "log.jsonl").write_text(json.dumps({"epoch": 1, "acc1": 50.0}) + "\n")
+    table.grad_plot([run, old], tmp_path / "grad.png", "tiny")
+    assert (tmp_path / "grad.png").stat().st_size > 0
+    assert f"note: {old} has no grad_norm records" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", ["vit", "loopvit", "odevit"])
+@pytest.mark.parametrize("op", ["mha", "ssog"])
+def test_parameter_groups_hold_every_trainable_parameter_once(family, op):
+    steer = {"steer": ("mu", "sigma", "lambda")} if op == "ssog" else {}
+    model = build_model(TrainConfig(model=f"{op}_{family}_micro_patch1_8", model_kwargs=dict(
+        embed_dim=16, num_heads=2, patch_size=2, **steer)), 4, 3, 8)
+    groups = parameter_groups(model)
+    grouped = [id(p) for params in groups.values() for p in params]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each once, shared ones too
+    expected = {"patch_embed", "pos_cls", "mixer.proj", "mlp", "norms", "head"}
+    expected |= {"mixer.kernel", "mixer.steer"} if op == "ssog" else set()
+    expected |= {"modulation"} if family == "odevit" else set()
+    assert set(groups) == expected
+    names = {id(p): name.rsplit(".", 1)[-1] for name, p in model.named_parameters()}
+    if op == "ssog":
+        assert {names[id(p)] for p in groups["mixer.kernel"]} == {"mu", "rho", "logits"}
+    assert {names[id(p)] for p in groups["mixer.proj"]} == {"weight", "bias"}
+    freeze_backbone(model)
+    assert list(parameter_groups(model)) == ["head"]
 
 
 def test_tiny_model_learns_the_synthetic_classes(tmp_path, tiny_config):

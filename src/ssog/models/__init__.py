@@ -10,7 +10,7 @@ Registered names: ``{op}_{family}_{preset}`` with op ``mha``/``ssog`` and preset
 ``timm.create_model("ssog_odevit_base_patch16_224", num_classes=100)``.
 """
 from ._blocks import OPS, Block, create_mixer
-from ._counting import count_flops, count_parameters
+from ._counting import count_flops, count_parameters, parameter_parts
 from ._registry import PRESETS, create_model, list_models
 from .loopvit import LoopViT
 from .odevit import ADAPTIVE_SOLVERS, FIXED_SOLVERS, OdeViT, VectorField
@@ -19,5 +19,5 @@ from .vit import ViT
 __all__ = [
     "ADAPTIVE_SOLVERS", "Block", "FIXED_SOLVERS", "LoopViT", "OPS", "OdeViT", "PRESETS",
     "VectorField", "ViT", "count_flops", "count_parameters", "create_mixer", "create_model",
-    "list_models",
+    "list_models", "parameter_parts",
 ]

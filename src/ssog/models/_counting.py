@@ -41,25 +41,33 @@ def _part(model: nn.Module, name: str, module: nn.Module) -> str | None:
     return None
 
 
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Parameters by part (:data:`PARTS`) and ``total``; shared parameters count once.
+def parameter_parts(model: nn.Module) -> dict[str, str]:
+    """``{parameter name: part}`` (:data:`PARTS`) for every parameter of ``model``, shared ones once.
 
     A parameter belongs to the innermost part its module lies in; the class and
     position embeddings (and anything else held by the model itself) are ``pos_cls``.
     """
     modules = dict(model.named_modules())
-    counts = dict.fromkeys(PARTS, 0)
-    for name, param in model.named_parameters():
+    parts = {}
+    for name, _ in model.named_parameters():
         path = name.split(".")[:-1]
-        if not path:
-            counts["pos_cls"] += param.numel()
-            continue
+        part = "pos_cls" if not path else None
         for depth in range(len(path), 0, -1):
             prefix = ".".join(path[:depth])
             part = _part(model, prefix, modules[prefix])
             if part is not None:
                 break
-        counts[part or "other"] += param.numel()
+        parts[name] = part or "other"
+    return parts
+
+
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    """Parameters by part (:data:`PARTS`, see :func:`parameter_parts`) and ``total``; shared
+    parameters count once."""
+    counts = dict.fromkeys(PARTS, 0)
+    params = dict(model.named_parameters())
+    for name, part in parameter_parts(model).items():
+        counts[part] += params[name].numel()
     counts["total"] = sum(counts.values())
     return counts
 

@@ -2,8 +2,9 @@
 
 Run folder (``cfg.output``): ``config.yaml``, ``last.safetensors`` (full state, rewritten at
 every epoch end and every ``checkpoint_every`` steps), ``best.safetensors`` (weights of the
-best validation Acc@1), ``log.jsonl`` / ``log.csv`` / ``curves.png`` (one row per epoch) and,
-at the end, ``summary.json``.
+best validation Acc@1), ``log.jsonl`` / ``log.csv`` / ``curves.png`` (one row per epoch, with
+the mean gradient norm of each parameter group, :class:`~ssog.train.metrics.GradNormMeter`)
+and, at the end, ``summary.json``.
 
 Resuming restores weights, optimizer, scheduler, scaler, EMA, the sampler position and every
 process's python/numpy/torch RNG state, so with ``deterministic`` on a CPU a resumed run ends
@@ -46,7 +47,7 @@ from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkp
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
 from ssog.train.logger import RunLogger, logging_backends, progress_bar, write_text_atomic
-from ssog.train.metrics import autocast, evaluate
+from ssog.train.metrics import GradNormMeter, autocast, evaluate
 from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
 
 __all__ = ["train", "Trainer", "TrainingDiverged", "TrainingInterrupted", "RESUME_SETTINGS", "RESUME_CHANGES"]
@@ -129,6 +130,7 @@ class Trainer:
             self.log(f"linear probe: {trainable:,} trainable parameters (classifier only)")
         self.model.to(ctx.device)
         self.params = sum(p.numel() for p in self.model.parameters())
+        self.grad_norms = GradNormMeter(self.model)  # the partial epoch's, like the loss sums
 
         self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler, _ = create_scheduler_v2(
@@ -206,6 +208,7 @@ class Trainer:
             "progress": {
                 "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                 "loss_sum": self.loss_sum, "loss_count": self.loss_count, "epoch_time": self.epoch_time,
+                "grad_norm": self.grad_norms.state_dict(),
             },
             "history": self.history,
             "best": self.best,
@@ -299,6 +302,7 @@ class Trainer:
         self.global_step = progress["global_step"]
         self.loss_sum, self.loss_count = progress["loss_sum"], progress["loss_count"]
         self.epoch_time = progress["epoch_time"]
+        self.grad_norms.load_state_dict(progress.get("grad_norm", {}))  # absent in older checkpoints
         self.history, self.best = state["history"], state["best"]
         if self.step_in_epoch > self.steps_per_epoch:
             raise ValueError(f"checkpoint is at step {self.step_in_epoch} of an epoch that has only "
@@ -327,8 +331,9 @@ class Trainer:
             self._diverged(f"the loss is {value}")
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # a no-op without fp16
+        self.grad_norms.update()
         if cfg.clip_grad:
-            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -381,8 +386,10 @@ class Trainer:
             ema = evaluate(self.ema.module, self.data.val_loader, self.ctx, cfg.amp)
             record.update({f"ema_{k}": v for k, v in ema.items()})
         record["epoch_time_s"] = self.epoch_time
+        record["grad_norm"] = self.grad_norms.means()
         self.epoch += 1
         self.step_in_epoch, self.loss_sum, self.loss_count, self.epoch_time = 0, 0.0, 0, 0.0
+        self.grad_norms.reset()
         return record
 
     def run(self) -> dict[str, Any]:

@@ -23,6 +23,18 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def flat_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with nested mappings spread into ``outer/inner`` keys (``grad_norm/mlp``), for
+    the CSV columns and the TensorBoard / W&B scalars."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}/{inner}": v for inner, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss (train, val) and validation Acc@1/3/5 per epoch, side by side."""
     import matplotlib
@@ -94,16 +106,17 @@ class RunLogger:
         The PNG, which costs more than a small model's epoch, is redrawn at most once a minute
         and after the ``final`` epoch.
         """
-        record = history[-1]
         write_text_atomic(self.output / "log.jsonl", "".join(json.dumps(r) + "\n" for r in history))
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(record))
+        rows = [flat_record(r) for r in history]
+        buffer = io.StringIO()  # columns: every key of every row (a resumed older run's rows lack some)
+        writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
         writer.writeheader()
-        writer.writerows(history)
+        writer.writerows(rows)
         write_text_atomic(self.output / "log.csv", buffer.getvalue())
         if final or time.monotonic() - self.plotted >= PLOT_INTERVAL_S:
             plot_curves(history, self.output / "curves.png")
             self.plotted = time.monotonic()
+        record = rows[-1]
         step = record["epoch"]
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "epoch"}
         if self.tb is not None:
