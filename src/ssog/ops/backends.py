@@ -31,15 +31,11 @@ from .kernels import query_positions, steered_axis_kernels
 #: (docs/results/operator.md): 4 MiB blocks were fastest from 14x14 to 64x64, 0.25-64 MiB tried.
 SEPARABLE_BLOCK_BYTES = 4 * 2**20
 #: Bytes of kernel rows one query chunk of the steered path may materialise. Small enough
-#: that the allocator reuses the chunk's memory from call to call: fresh allocations of
-#: 32 MiB and more are mapped from the OS and page-faulted on first touch, which made 64 MiB
-#: chunks 2x slower (docs/results/operator.md, "Steered layer").
+#: that glibc's allocator serves the chunk's temporaries from its heap on every call:
+#: larger ones are mapped from the OS and page-faulted on first touch each time, which made
+#: 64 MiB chunks (and 6 MiB kernel temporaries) 1.5-2x slower (docs/results/operator.md,
+#: "Steered layer").
 STEERED_CHUNK_BYTES = 4 * 2**20
-#: Bytes of 1-D kernels (both axes) the steered path builds at once: a block of queries
-#: spans several chunks of rows, so building kernels costs a few large element-wise ops
-#: instead of many small ones (each op on a 2-core CPU costs tens of microseconds however
-#: small its tensor).
-STEERED_KERNEL_BYTES = 16 * 2**20
 #: Side (queries) of the square query tiles of the windowed steered path: each tile reads
 #: the union of its queries' key windows, so smaller tiles read fewer keys per query but
 #: pay Python and GEMM overhead more often.
@@ -198,17 +194,16 @@ def steered_mix(
     dtype = mu.dtype
     query_y, query_x = query_positions(grid_size, v.device)
     if not separable:
-        element = torch.finfo(dtype).bits // 8
-        chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (batch * heads * n * element))
-        block = max(chunk, STEERED_KERNEL_BYTES // (batch * heads * atoms * (rows + cols) * element))
-        keys = v.contiguous()  # once here, not once per chunk inside the matmul
+        chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (batch * heads * n * torch.finfo(dtype).bits // 8))
+        grid_values = v.contiguous().view(batch, heads, rows, cols, dim)  # once, not once per chunk
+        full = (0, rows, 0, cols)
         outputs = [
             _checkpointed(
-                _steered_rows_block, keys, mu[:, :, q0 : q0 + block], sigma[:, :, q0 : q0 + block],
-                weight[:, :, q0 : q0 + block], query_y[q0 : q0 + block], query_x[q0 : q0 + block], grid_size,
-                chunk, several=block < n,
+                _steered_tile, grid_values, mu[:, :, q0 : q0 + chunk], sigma[:, :, q0 : q0 + chunk],
+                weight[:, :, q0 : q0 + chunk], query_y[q0 : q0 + chunk], query_x[q0 : q0 + chunk], full,
+                several=chunk < n,
             )
-            for q0 in range(0, n, block)
+            for q0 in range(0, n, chunk)
         ]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
@@ -245,36 +240,6 @@ def _checkpointed(fn, *args, several: bool) -> Tensor:
     if several and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
-
-
-def _steered_rows_block(
-    keys: Tensor,
-    mu: Tensor,
-    sigma: Tensor,
-    weight: Tensor,
-    query_y: Tensor,
-    query_x: Tensor,
-    grid_size: tuple[int, int],
-    chunk: int,
-) -> Tensor:
-    """Steered mixing of a block of ``Q`` queries over the whole grid.
-
-    ``keys (B, H, N, d)`` contiguous; ``mu, sigma (B, H, Q, R, 2)``, ``weight (B, H, Q, R)``;
-    ``query_y, query_x (Q,)``. The block's 1-D kernels are built at once (few large
-    element-wise ops rather than many small ones), its rows of ``A`` ``chunk`` queries at a
-    time. Returns ``(B, H, Q, d)``.
-    """
-    rows, cols = grid_size
-    ky = steered_axis_kernels(mu[..., 0], sigma[..., 0], query_y, rows) * weight.unsqueeze(-1)
-    kx = steered_axis_kernels(mu[..., 1], sigma[..., 1], query_x, cols)
-    queries = ky.shape[2]
-    outputs = [
-        _checkpointed(
-            _rows_times_values, ky[:, :, c0 : c0 + chunk], kx[:, :, c0 : c0 + chunk], keys, several=chunk < queries
-        )
-        for c0 in range(0, queries, chunk)
-    ]
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
 def _rows_times_values(ky: Tensor, kx: Tensor, keys: Tensor) -> Tensor:
