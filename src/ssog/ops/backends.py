@@ -90,9 +90,15 @@ def fixed_separable(
     row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
     items_per_block = max(1, block_bytes // (row_bytes * rows))
     rows_per_block = rows if items_per_block > 1 else max(1, min(rows, block_bytes // row_bytes))
+    # With gradients, every block is recomputed in the backward pass (activation
+    # checkpointing): its saved y-contraction is R times the values, more than attention
+    # keeps (docs/results/training_speed.md).
+    needs_grad = torch.is_grad_enabled() and (v.requires_grad or ky.requires_grad or kx.requires_grad)
     if key_rows is None and items_per_block >= batch * heads:
         # Small problem: one block, no copies.
-        return _separable_block(values, ky, kx, 0, rows, 0, rows).view(batch, heads, n, dim)
+        args = (values, ky, kx, 0, rows, 0, rows)
+        out = checkpoint(_separable_block, *args, use_reentrant=False) if needs_grad else _separable_block(*args)
+        return out.view(batch, heads, n, dim)
 
     # split (not slicing in a loop): its backward is one concatenation, where each
     # slice's backward would allocate a gradient the size of the whole input.
@@ -104,12 +110,13 @@ def fixed_separable(
         k0, k1 = (0, rows) if key_rows is None else _key_span(key_rows, y0, y1)
         return _separable_block(*blocks[index], y0, y1, k0, k1, out=out)
 
-    if torch.is_grad_enabled() and (v.requires_grad or ky.requires_grad or kx.requires_grad):
+    if needs_grad:
         # Writing blocks into one output in place would make autograd copy the whole
         # output gradient once per block (CopySlices); concatenation keeps backward linear.
-        return torch.cat(
-            [torch.cat([block(index, y0) for y0 in row_starts], dim=1) for index in range(len(blocks))]
-        ).view(batch, heads, n, dim)
+        return torch.cat([
+            torch.cat([checkpoint(block, index, y0, use_reentrant=False) for y0 in row_starts], dim=1)
+            for index in range(len(blocks))
+        ]).view(batch, heads, n, dim)
     out = v.new_empty(batch * heads, rows, cols, dim)
     for index, i0 in enumerate(range(0, batch * heads, items_per_block)):
         for y0 in row_starts:
