@@ -102,6 +102,35 @@ def test_backends_agree_inside_the_layer(backend):
     torch.testing.assert_close(layer(x, GRID), reference(x, GRID), rtol=1e-6, atol=1e-6)
 
 
+def test_inference_reuses_the_fixed_matrix_until_the_parameters_change():
+    from ssog.ops import forced_backend
+
+    torch.manual_seed(0)
+    layer = SSoGAttention(DIM, HEADS).double().eval()
+    x = tokens()
+    expected = layer(x, GRID)  # with gradients: no cache, the backends' own path
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, GRID), expected)
+        cached = layer._matrix_cache[1]
+        layer(x, GRID)
+        assert layer._matrix_cache[1] is cached  # reused, not rebuilt
+        layer.mu.add_(0.7)  # an in-place update, as an optimizer step makes
+        moved = layer(x, GRID)
+    assert layer._matrix_cache[1] is not cached
+    torch.testing.assert_close(moved, through_matrix(layer, x, GRID))
+    layer.load_state_dict({k: v + 0.1 if k == "rho" else v for k, v in layer.state_dict().items()})
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, GRID), through_matrix(layer, x, GRID))
+        layer._matrix_cache = None
+        with forced_backend("separable"):  # FLOP counting must see the separable path
+            layer(x, GRID)
+        assert layer._matrix_cache is None
+    steered = SSoGAttention(DIM, HEADS, steer=("mu",)).double().eval()
+    with torch.no_grad():
+        steered(x, GRID)
+    assert steered._matrix_cache is None
+
+
 def test_initial_widths_are_multiscale_and_above_floor():
     widths = multiscale_widths(HEADS, 4)
     assert widths.min().item() == pytest.approx(0.5) and widths.max().item() == pytest.approx(4.0)

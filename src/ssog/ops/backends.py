@@ -46,13 +46,22 @@ LOCAL_TOLERANCE = 1e-6
 
 
 # ----------------------------------------------------------------------------- fixed kernels
+def fixed_matrix(ky: Tensor, kx: Tensor) -> Tensor:
+    """The dense ``A (H, N, N)`` of fixed kernels ``ky (H, R, Hg, Hg)`` (mixture weights
+    folded in) and ``kx (H, R, Wg, Wg)``: ``A[h, (y, x), (j, i)] = sum_r ky[h,r,y,j] kx[h,r,x,i]``."""
+    heads, _, rows, _ = ky.shape
+    n = rows * kx.shape[-1]
+    return torch.einsum("hryj,hrxi->hyxji", ky, kx).reshape(heads, n, n)
+
+
+def apply_fixed_matrix(a: Tensor, v: Tensor) -> Tensor:
+    """``A (H, N, N)`` applied to ``v (B, H, N, d)``, in the dtype of ``v``."""
+    return torch.matmul(a.to(v.dtype), v)
+
+
 def fixed_dense(v: Tensor, ky: Tensor, kx: Tensor) -> Tensor:
     """``v (B, H, N, d)``, ``ky (H, R, Hg, Hg)`` (mixture weights folded in), ``kx (H, R, Wg, Wg)``."""
-    heads, _, rows, _ = ky.shape
-    cols = kx.shape[-1]
-    n = rows * cols
-    a = torch.einsum("hryj,hrxi->hyxji", ky, kx).reshape(heads, n, n).to(v.dtype)
-    return torch.einsum("hnm,bhmd->bhnd", a, v)
+    return apply_fixed_matrix(fixed_matrix(ky, kx), v)
 
 
 def fixed_separable(
@@ -93,7 +102,7 @@ def fixed_separable(
     # With gradients, every block is recomputed in the backward pass (activation
     # checkpointing): its saved y-contraction is R times the values, more than attention
     # keeps (docs/results/training_speed.md).
-    needs_grad = torch.is_grad_enabled() and (v.requires_grad or ky.requires_grad or kx.requires_grad)
+    needs_grad = _recompute_in_backward(v, ky, kx)
     if key_rows is None and items_per_block >= batch * heads:
         # Small problem: one block, no copies.
         args = (values, ky, kx, 0, rows, 0, rows)
@@ -240,11 +249,21 @@ def steered_mix(
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
+def _recompute_in_backward(*tensors: Tensor) -> bool:
+    """Whether activation checkpointing applies to work on ``tensors``: autograd records it,
+    and no ``torch.func`` transform (``vjp``, ``jacrev``, ...; the Lipschitz analysis uses
+    them) is active, since those do not support the saved-tensor hooks checkpointing uses."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+        return False
+    if torch.compiler.is_compiling():  # traced tensors are never functorch-wrapped
+        return True
+    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
 def _checkpointed(fn, *args, several: bool) -> Tensor:
     """``fn(*args)``, recomputed in the backward pass when it is one of several chunks that
     need gradients (activation checkpointing: only one chunk's rows are alive at a time)."""
-    tensors = [a for a in args if isinstance(a, Tensor)]
-    if several and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if several and _recompute_in_backward(*(a for a in args if isinstance(a, Tensor))):
         return checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
 
@@ -394,7 +413,9 @@ def steered_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[i
 
 
 __all__ = [
+    "apply_fixed_matrix",
     "fixed_dense",
+    "fixed_matrix",
     "fixed_separable",
     "key_row_spans",
     "steered_local",

@@ -62,6 +62,11 @@ def forced_backend(name: str) -> Iterator[None]:
         _forced.reset(token)
 
 
+def forced_backend_name() -> str | None:
+    """The backend :func:`forced_backend` imposes at this point, or ``None``."""
+    return _forced.get()
+
+
 def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
     """The dense mixing matrix ``A``: ``(H, N, N)`` fixed or ``(B, H, N, N)`` steered.
 
@@ -75,9 +80,7 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int,
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, mu.dtype)
     if steered:
         return backends.steered_matrix(mu, sigma, weight, grid_size)
-    ky, kx = _fixed_kernels(mu, sigma, weight, grid_size)
-    heads, n = ky.shape[0], grid_size[0] * grid_size[1]
-    return torch.einsum("hryj,hrxi->hyxji", ky, kx).reshape(heads, n, n)
+    return backends.fixed_matrix(*_fixed_kernels(mu, sigma, weight, grid_size))
 
 
 def ssog_mix(
@@ -202,6 +205,7 @@ def choose_backend(
     steered: bool,
     device: torch.device,
     requires_grad: bool = False,
+    matrix_cached: bool = False,
 ) -> str:
     """Pick the cheapest backend for fixed or steered kernels by a cost model.
 
@@ -215,7 +219,9 @@ def choose_backend(
       with autograd (its backward is more small GEMMs), ``SEPARABLE_OVERHEAD_ACCELERATOR``
       elsewhere.
 
-    Dense is only considered while ``A`` stays within ``DENSE_MAX_MATRIX_BYTES``. The costs
+    ``matrix_cached``: the caller holds ``A`` already (``SSoGAttention`` in inference), so
+    dense costs only its GEMM. Dense is only considered while ``A`` stays within
+    ``DENSE_MAX_MATRIX_BYTES``. The costs
     and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
     From shapes alone, steered
     kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
@@ -231,7 +237,9 @@ def choose_backend(
         separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU
     else:
         separable_overhead = SEPARABLE_OVERHEAD_ACCELERATOR
-    dense_cost = batch * heads * n * n * dim + heads * num_atoms * n * n * DENSE_BUILD_MACS_PER_ENTRY
+    dense_cost = batch * heads * n * n * dim
+    if not matrix_cached:
+        dense_cost += heads * num_atoms * n * n * DENSE_BUILD_MACS_PER_ENTRY
     separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
     matrix_bytes = heads * n * n * 4
     choice = "dense" if dense_cost <= separable_cost and matrix_bytes <= DENSE_MAX_MATRIX_BYTES else "separable"
