@@ -82,17 +82,20 @@ def grad_plot(runs: list[Path], path: Path, title: str) -> None:
     cols = min(3, len(groups))
     rows = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    colours = {run: f"C{index}" for index, run in enumerate(histories)}  # one colour per run in every panel
     for ax, group in zip(axes.flat, groups):
         for run, history in histories.items():
             points = [(r["epoch"], r["grad_norm"][group]) for r in history if r["grad_norm"].get(group)]
             if points:
                 style = "--" if run.name.startswith("mha") else "-"
-                ax.plot(*zip(*points), style, marker=".", label=run.name)
+                ax.plot(*zip(*points), style, marker=".", color=colours[run], label=run.name)
         ax.set(xlabel="epoch", ylabel="mean gradient L2 norm", title=group, yscale="log")
         ax.grid(alpha=0.3, which="both")
     for ax in axes.flat[len(groups):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=7)
+    handles = [plt.Line2D([], [], linestyle="--" if run.name.startswith("mha") else "-", marker=".",
+                          color=colours[run], label=run.name) for run in histories]
+    axes.flat[0].legend(handles=handles, fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -247,9 +247,9 @@ class SSoGAttention(nn.Module):
         dense backend with a prebuilt ``A`` is the cheapest way to mix them; else ``None``.
 
         Only without gradients (inference, evaluation), for fixed kernels, outside
-        ``torch.compile`` and :func:`ssog.ops.forced_backend`. Building the kernels is most
-        of the work on small grids (at 14x14 a prebuilt ``A`` mixes 2x faster than the
-        separable path that rebuilds its kernels, measured by docs/results/operator.md), and
+        ``torch.compile`` and :func:`ssog.ops.forced_backend`. On small grids, building the
+        kernels and the separable path's blocks cost more than one GEMM with a prebuilt
+        ``A`` (1.8x at 14x14, docs/results/operator.md, "Inference with a prebuilt A"), and
         with fixed kernels ``A`` only changes when the parameters do. The cache key holds
         the parameters' storage and version counters, which every in-place update
         (optimizer steps, ``load_state_dict``) and every ``.to()`` changes.

@@ -290,7 +290,7 @@ def _steered_tile(
     ``grid_values (B, H, Hg, Wg, d)``; ``mu, sigma (B, H, Q, R, 2)``, ``weight (B, H, Q, R)``;
     ``query_y, query_x (Q,)`` the queries' positions; ``box = (y0, y1, x0, x1)`` the key rows
     and columns read. Each 1-D kernel is a softmax over the box's keys, i.e. the exact kernel
-    renormalised to the box. Returns ``(B, H, Q, d)``.
+    renormalised to the box (exact when the box is the whole grid). Returns ``(B, H, Q, d)``.
     """
     y0, y1, x0, x1 = box
     batch, heads, _, _ = weight.shape
