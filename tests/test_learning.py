@@ -144,9 +144,9 @@ def test_train_subset_shrinks_only_the_training_split():
 TINY_RECIPE_RUNS = {
     "mha": ("mha", {}),
     "ssog": ("ssog_radius2", {"lr": 4e-3}),
-    "mha_loopvit": ("mha_loopvit", {}),
-    "ssog_loopvit": ("ssog_loopvit_radius2", {"lr": 4e-3}),
-    "mha_odevit": ("mha_odevit", {}),
+    "mha_loopvit": ("mha_loopvit", {"lr": 8e-3}),
+    "ssog_loopvit": ("ssog_loopvit_radius2", {"lr": 8e-3}),
+    "mha_odevit": ("mha_odevit", {"lr": 8e-3}),
     "ssog_odevit": ("ssog_odevit_radius2", {"lr": 4e-3}),
 }
 
