@@ -147,7 +147,7 @@ TINY_RECIPE_RUNS = {
     "mha_loopvit": ("mha_loopvit", {"lr": 8e-3}),
     "ssog_loopvit": ("ssog_loopvit_radius2", {"lr": 8e-3}),
     "mha_odevit": ("mha_odevit", {"lr": 8e-3}),
-    "ssog_odevit": ("ssog_odevit_radius2", {"lr": 4e-3}),
+    "ssog_odevit": ("ssog_odevit_radius2", {"lr": 8e-3}),
 }
 
 
