@@ -161,7 +161,14 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, tiny_config, ssog_cli, capsys):
         deadline = time.monotonic() + 600  # a loaded machine can take minutes to import torch
         while time.monotonic() < deadline and process.poll() is None:
             if last.exists():
-                progress = read_checkpoint_info(last)["progress"]
+                try:
+                    progress = read_checkpoint_info(last)["progress"]
+                except ValueError:
+                    # Read while the run replaced it: one CI run saw a header and a file size
+                    # of two consecutive checkpoints (8 bytes apart). Not understood yet; the
+                    # load after the kill below must still succeed.
+                    time.sleep(0.01)
+                    continue
                 if progress["global_step"] >= 4 and progress["step_in_epoch"] > 0:
                     process.send_signal(signal.SIGKILL)
                     seen = progress
