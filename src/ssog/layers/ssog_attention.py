@@ -249,7 +249,7 @@ class SSoGAttention(nn.Module):
         Only without gradients (inference, evaluation), for fixed kernels, outside
         ``torch.compile`` and :func:`ssog.ops.forced_backend`. On small grids, building the
         kernels and the separable path's blocks cost more than one GEMM with a prebuilt
-        ``A`` (1.8x at 14x14, docs/results/operator.md, "Inference with a prebuilt A"), and
+        ``A`` (1.9x at 14x14, docs/results/operator.md, "Inference with a prebuilt A"), and
         with fixed kernels ``A`` only changes when the parameters do. The cache key holds
         the parameters' storage and version counters, which every in-place update
         (optimizer steps, ``load_state_dict``) and every ``.to()`` changes.
