@@ -4,6 +4,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -84,6 +85,41 @@ def test_truncated_missing_and_foreign_files_give_clear_errors(tmp_path):
         load_checkpoint(tmp_path / "plain.safetensors")
 
 
+WRITER = """
+import sys, torch
+from ssog.train import save_checkpoint
+step = 0
+while True:
+    step += 1
+    weights = torch.full((1000 + step % 7,), float(step))
+    save_checkpoint(sys.argv[1], {"progress": {"step": step}, "model": {"w": weights}})
+"""
+
+
+def test_readers_racing_a_writer_see_whole_checkpoints(tmp_path):
+    """Every read of a checkpoint that another process keeps replacing returns one version:
+    its JSON (the counter) and its tensors (filled with the counter, of a length that
+    changes with it) agree. safetensors' own torch loader reopens the file by name for the
+    data, so it could pair one version's header with the next version's data."""
+    path = tmp_path / "last.safetensors"
+    save_checkpoint(path, {"progress": {"step": 0}, "model": {"w": torch.zeros(1000)}})
+    with subprocess.Popen([sys.executable, "-c", WRITER, str(path)]) as writer:
+        try:
+            start = time.monotonic()
+            deadline, reads, first_write = start + 300, 0, None  # a loaded machine imports torch slowly
+            while time.monotonic() < deadline and writer.poll() is None:
+                state = load_checkpoint(path)
+                step, weights = state["progress"]["step"], state["model"]["w"]
+                assert weights.numel() == 1000 + step % 7 and bool((weights == step).all()), step
+                reads += 1
+                if step > 0 and first_write is None:
+                    first_write = time.monotonic()
+                    deadline = first_write + 3.0
+        finally:
+            writer.kill()
+    assert reads > 10 and step > 10, (reads, step)
+
+
 def test_state_dict_mismatch_lists_keys_and_shapes():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
     state = model.state_dict()
@@ -161,14 +197,7 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, tiny_config, ssog_cli, capsys):
         deadline = time.monotonic() + 600  # a loaded machine can take minutes to import torch
         while time.monotonic() < deadline and process.poll() is None:
             if last.exists():
-                try:
-                    progress = read_checkpoint_info(last)["progress"]
-                except ValueError:
-                    # Read while the run replaced it: one CI run saw a header and a file size
-                    # of two consecutive checkpoints (8 bytes apart). Not understood yet; the
-                    # load after the kill below must still succeed.
-                    time.sleep(0.01)
-                    continue
+                progress = read_checkpoint_info(last)["progress"]  # read while the run replaces it
                 if progress["global_step"] >= 4 and progress["step_in_epoch"] > 0:
                     process.send_signal(signal.SIGKILL)
                     seen = progress

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 __all__ = [
@@ -98,52 +99,60 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def _open(path: Path):
+def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The state saved by :func:`save_checkpoint`; ``only`` restricts it to some top-level keys.
+
+    Header and data are read through one file handle. Not ``safetensors.safe_open``: its
+    torch tensors reopen the file by name, so a reader racing a run that replaces the
+    checkpoint (``ssog eval`` on a training run, a progress poller) could pair one
+    version's header with the next version's data. One handle always sees one version,
+    since writers replace the file and never write into it. Tensor data is only read when
+    the requested keys hold tensors.
+    """
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    with open(path, "rb") as handle:
+        try:
+            prefix = handle.read(8)
+            (header_size,) = struct.unpack("<Q", prefix)
+            header_bytes = handle.read(header_size)
+            metadata = json.loads(header_bytes).get("__metadata__") or {}
+        except (struct.error, ValueError, AttributeError) as error:
+            raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({error})") from error
+        if metadata.get("ssog_format") != FORMAT:
+            raise ValueError(
+                f"{path} is not an ssog training checkpoint (format {metadata.get('ssog_format')!r}, "
+                f"expected {FORMAT!r}); plain weight files are accepted by --init-from"
+            )
+        try:
+            skeleton = json.loads(metadata[_META_KEY])
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"checkpoint {path} has no readable ssog state in its metadata ({error})") from error
+        if only is not None:
+            skeleton = {k: v for k, v in skeleton.items() if k in only}
+        tensors = {}
+        if _holds_tensors(skeleton):
+            try:
+                tensors = load_safetensors(prefix + header_bytes + handle.read())
+            except Exception as error:  # safetensors raises its own error type
+                raise ValueError(f"checkpoint {path} is truncated or corrupt ({error})") from error
     try:
-        handle = safe_open(str(path), framework="pt")
-        metadata = handle.metadata() or {}
-    except Exception as error:  # safetensors raises its own error type for bad headers
-        raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({error})") from error
-    if metadata.get("ssog_format") != FORMAT:
-        raise ValueError(
-            f"{path} is not an ssog training checkpoint (format {metadata.get('ssog_format')!r}, "
-            f"expected {FORMAT!r}); plain weight files are accepted by --init-from"
-        )
-    return handle, metadata
+        return _decode(skeleton, tensors)
+    except KeyError as error:
+        raise ValueError(f"checkpoint {path} is corrupt: its state names a missing tensor {error}") from error
 
 
-def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The state saved by :func:`save_checkpoint`; ``only`` restricts it to some top-level keys."""
-    path = Path(path)
-    handle, metadata = _open(path)
-    skeleton = json.loads(metadata[_META_KEY])
-    if only is not None:
-        skeleton = {k: v for k, v in skeleton.items() if k in only}
-    needed: list[str] = []
-
-    def collect(obj: Any) -> None:
-        if isinstance(obj, dict):
-            if "__tensor__" in obj or "__ndarray__" in obj:
-                needed.append(obj.get("__tensor__", obj.get("__ndarray__")))
-            else:
-                for value in obj.values():
-                    collect(value)
-        elif isinstance(obj, list):
-            for value in obj:
-                collect(value)
-
-    collect(skeleton)
-    try:
-        tensors = {name: handle.get_tensor(name) for name in needed}
-    except Exception as error:
-        raise ValueError(f"checkpoint {path} is truncated or corrupt ({error})") from error
-    return _decode(skeleton, tensors)
+def _holds_tensors(skeleton: Any) -> bool:
+    if isinstance(skeleton, dict):
+        return "__tensor__" in skeleton or "__ndarray__" in skeleton or any(map(_holds_tensors, skeleton.values()))
+    if isinstance(skeleton, list):
+        return any(map(_holds_tensors, skeleton))
+    return False
 
 
 def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
-    """The JSON part of a checkpoint (config, progress, metrics) without loading tensors."""
+    """The JSON part of a checkpoint (config, progress, metrics), read from its header only."""
     return load_checkpoint(path, only=("config", "progress", "metrics", "kind"))
 
 
