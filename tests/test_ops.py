@@ -58,6 +58,28 @@ def test_gaussian_rows_match_formula():
         torch.testing.assert_close(rows[i], unnormalised / unnormalised.sum())
 
 
+def _gaussian_rows_by_formula(center, sigma, length):
+    keys = torch.arange(length, dtype=center.dtype)
+    return torch.softmax(-((keys - center.unsqueeze(-1)) ** 2) / (2 * sigma.unsqueeze(-1) ** 2), dim=-1)
+
+
+def test_gaussian_rows_derivatives_match_autograd_of_the_formula():
+    # gaussian_rows has hand-written backward and forward-mode derivatives; check them in
+    # float64 against autograd of the plain formula, for centres inside and outside the grid.
+    g = torch.Generator().manual_seed(0)
+    center = (12 * torch.rand(3, 4, generator=g, dtype=torch.float64) - 3).requires_grad_()
+    sigma = (0.3 + 3 * torch.rand(3, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(gaussian_rows, (center, sigma, 7))
+    assert torch.autograd.gradgradcheck(gaussian_rows, (center, sigma, 7))
+    assert torch.autograd.gradcheck(gaussian_rows, (center, sigma, 7), check_forward_ad=True, check_backward_ad=False)
+    c, s = center.detach(), sigma.detach()
+    tangents = tuple(torch.randn(3, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    ours = torch.func.jvp(lambda c, s: gaussian_rows(c, s, 7), (c, s), tangents)
+    torch.testing.assert_close(ours, torch.func.jvp(lambda c, s: _gaussian_rows_by_formula(c, s, 7), (c, s), tangents))
+    jacobian = torch.func.jacrev(lambda c: gaussian_rows(c, s, 7))(c)  # through the vmap rule
+    torch.testing.assert_close(jacobian, torch.func.jacrev(lambda c: _gaussian_rows_by_formula(c, s, 7))(c))
+
+
 def test_matrix_matches_definition_elementwise():
     mu, sigma, weight = fixed_params(2, 3)
     rows, cols = 3, 4
@@ -140,14 +162,17 @@ def test_steered_query_chunks_match(monkeypatch):
     for backend in STEERED_BACKENDS:
         assert relative_error(mix(v, mu, sigma, weight, grid, backend), expected) < 1e-10
 
-    # Gradients through the checkpointed chunks match the definition's.
-    inputs = [t.clone().requires_grad_() for t in (v, mu, sigma, weight)]
+    # Gradients match the definition's, through chunks recomputed in the backward pass
+    # (rows over the saved-rows budget) and through rows built at once and kept.
     reference = [t.clone().requires_grad_() for t in (v, mu, sigma, weight)]
     probe = values(2, 2, 20, 3, seed=5)
-    (mix(*inputs, grid, "dense") * probe).sum().backward()
     ((ssog_matrix(*reference[1:], grid) @ reference[0]) * probe).sum().backward()
-    for got, want in zip(inputs, reference):
-        assert relative_error(got.grad, want.grad) < 1e-10
+    for saved_rows_bytes in (0, backends.STEERED_SAVED_ROWS_BYTES):
+        monkeypatch.setattr(backends, "STEERED_SAVED_ROWS_BYTES", saved_rows_bytes)
+        inputs = [t.clone().requires_grad_() for t in (v, mu, sigma, weight)]
+        (mix(*inputs, grid, "dense") * probe).sum().backward()
+        for got, want in zip(inputs, reference):
+            assert relative_error(got.grad, want.grad) < 1e-10
 
 
 def test_local_backend_error_is_bounded_by_its_tolerance():
