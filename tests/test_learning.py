@@ -143,7 +143,7 @@ def test_train_subset_shrinks_only_the_training_split():
 # value of it are the same setting; timm ignores the None that drops the discrete depth).
 TINY_RECIPE_RUNS = {
     "mha": ("mha", {}),
-    "ssog": ("ssog_radius2", {"lr": 4e-3}),
+    "ssog": ("ssog_radius2", {"lr": 8e-3}),
     "mha_loopvit": ("mha_loopvit", {"lr": 8e-3}),
     "ssog_loopvit": ("ssog_loopvit_radius2", {"lr": 8e-3}),
     "mha_odevit": ("mha_odevit", {"lr": 8e-3}),

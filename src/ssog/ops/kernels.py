@@ -31,9 +31,12 @@ def gaussian_rows(center: Tensor, sigma: Tensor, length: int) -> Tensor:
         ``(..., length)``: ``softmax_j(-(j - center)^2 / (2 sigma^2))``. The softmax is the
         border renormalisation: every row sums to 1 inside the grid, whatever the centre.
     """
-    if torch.compiler.is_compiling():
-        # Dynamo cannot trace an autograd.Function with a forward-mode rule; inductor
-        # fuses the formula's passes and their derivatives anyway.
+    # The formula is differentiable as it stands; the Function only makes its backward
+    # cheaper. Without autograd, calling it would cost more than the formula on small rows
+    # (tens of microseconds a call), and dynamo cannot trace an autograd.Function with a
+    # forward-mode rule (inductor fuses the formula's derivatives anyway).
+    records_graph = torch.is_grad_enabled() and (center.requires_grad or sigma.requires_grad)
+    if not records_graph or torch.compiler.is_compiling():
         return _gaussian_rows_formula(center, sigma, length)
     return _GaussianRows.apply(center, sigma, length)
 
