@@ -39,7 +39,8 @@ STEERED_CHUNK_BYTES = 4 * 2**20
 #: With autograd, steered kernel rows up to this many bytes in all (one layer's ``B*H*N*N``)
 #: are built in one chunk and kept for the backward pass, instead of being built in
 #: chunks that the backward pass recomputes (activation checkpointing repeats the
-#: forward's work). The tiny CIFAR models' 8 MiB of rows per layer fit: 1.2x faster steps.
+#: forward's work). The tiny CIFAR models' 8 MiB of rows per layer fit (docs/results/operator.md,
+#: "Steered training steps").
 STEERED_SAVED_ROWS_BYTES = 16 * 2**20
 #: Side (queries) of the square query tiles of the windowed steered path: each tile reads
 #: the union of its queries' key windows, so smaller tiles read fewer keys per query but
