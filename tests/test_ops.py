@@ -72,6 +72,8 @@ def test_gaussian_rows_derivatives_match_autograd_of_the_formula():
     assert torch.autograd.gradcheck(gaussian_rows, (center, sigma, 7))
     assert torch.autograd.gradgradcheck(gaussian_rows, (center, sigma, 7))
     assert torch.autograd.gradcheck(gaussian_rows, (center, sigma, 7), check_forward_ad=True, check_backward_ad=False)
+    # torch.func on tensors that need no grad: jvp runs the plain formula (no graph is
+    # recorded; the Function's jvp is checked by gradcheck above), jacrev the Function.
     c, s = center.detach(), sigma.detach()
     tangents = tuple(torch.randn(3, 4, generator=g, dtype=torch.float64) for _ in range(2))
     ours = torch.func.jvp(lambda c, s: gaussian_rows(c, s, 7), (c, s), tangents)

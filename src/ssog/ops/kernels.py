@@ -71,8 +71,8 @@ class _GaussianRows(torch.autograd.Function):
     ``(..., length)`` operations for the backward; the closed forms below take six (1.7x
     faster forward and backward together on a CPU, docs/results/operator.md). With
     ``k = softmax_j(l_j)``, ``l_j = -u_j^2 / (2 sigma^2)`` and ``u_j = j - center``:
-    ``dl_j/dcenter = u_j / sigma^2``,
-    ``dl_j/dsigma = u_j^2 / sigma^3`` and ``dk_j = k_j (dl_j - sum_i k_i dl_i)``. Tested
+    ``dl_j/dcenter = u_j / sigma^2``, ``dl_j/dsigma = u_j^2 / sigma^3`` and
+    ``dk_j = k_j (dl_j - sum_i k_i dl_i)``. Tested
     against autograd of the formula (gradcheck and gradgradcheck in float64, forward mode
     and torch.func included).
     """

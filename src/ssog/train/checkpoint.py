@@ -114,10 +114,8 @@ def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) ->
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     with open(path, "rb") as handle:
         try:
-            prefix = handle.read(8)
-            (header_size,) = struct.unpack("<Q", prefix)
-            header_bytes = handle.read(header_size)
-            metadata = json.loads(header_bytes).get("__metadata__") or {}
+            (header_size,) = struct.unpack("<Q", handle.read(8))
+            metadata = json.loads(handle.read(header_size)).get("__metadata__") or {}
         except (struct.error, ValueError, AttributeError) as error:
             raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({error})") from error
         if metadata.get("ssog_format") != FORMAT:
@@ -134,7 +132,8 @@ def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) ->
         tensors = {}
         if _holds_tensors(skeleton):
             try:
-                tensors = load_safetensors(prefix + header_bytes + handle.read())
+                handle.seek(0)  # the whole file in one read: no second copy to join the parts
+                tensors = load_safetensors(handle.read())
             except Exception as error:  # safetensors raises its own error type
                 raise ValueError(f"checkpoint {path} is truncated or corrupt ({error})") from error
     try:
