@@ -243,7 +243,7 @@ def test_windowed_steered_gradcheck_with_truncated_windows(monkeypatch):
     )
 
 
-def test_auto_takes_the_windowed_steered_path_only_when_cheaper(monkeypatch):
+def test_auto_takes_the_windowed_steered_path_only_when_cheaper(monkeypatch, without_cpp):
     from ssog.ops import backends
 
     taken = []
@@ -339,7 +339,15 @@ def test_half_precision_agrees_with_fp32(dtype, backend):
 
 
 # ------------------------------------------------------------------------ dispatch
-def test_auto_picks_dense_for_small_grids_and_separable_for_large():
+@pytest.fixture
+def without_cpp(monkeypatch):
+    """As on a machine without a C++ compiler (tests/test_cpp_kernels.py covers the cpp backend)."""
+    from ssog.ops import cpp_kernels
+
+    monkeypatch.setattr(cpp_kernels, "takes", lambda *args: False)
+
+
+def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):
     cpu = torch.device("cpu")
     assert choose_backend((4, 12, 16, 64), (4, 4), 4, False, cpu) == "dense"
     assert choose_backend((4, 12, 4096, 64), (64, 64), 4, False, cpu) == "separable"

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
-from ..ops import BACKENDS, choose_backend, ssog_mix
+from ..ops import BACKENDS, choose_backend, cpp_kernels, ssog_mix
 from ..ops.triton_separable import available as triton_available
 from .memory import is_out_of_memory, peak_memory
 from .results import environment
@@ -117,6 +117,9 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
             continue
         if backend == "triton" and not triton_available(device):
             continue  # CUDA only (docs/operator.md)
+        if backend == "cpp" and (backward or not cpp_kernels.takes(device, dtype, config.head_dim)):
+            continue  # forward only, float32 on a CPU where it could be built
+
         calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
     return calls
 
@@ -149,7 +152,9 @@ def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], Non
                 extra = {}
                 if name == "auto":
                     shape = (config.batch, config.heads, grid * grid, config.head_dim)
-                    extra["picked"] = choose_backend(shape, (grid, grid), config.atoms, False, device, backward)
+                    extra["picked"] = choose_backend(
+                        shape, (grid, grid), config.atoms, False, device, backward, dtype=resolve_dtype(config.dtype)
+                    )
                 results.append(
                     Measurement(
                         grid, grid * grid, label, name, 1e3 * statistics.median(times),
@@ -261,8 +266,9 @@ def save(results: list[Measurement], steered: dict | None, config: OperatorConfi
     plot_speedups(results, output / "operator_speedup.png")
 
 
-#: Backends timed by the steered-layer comparison (``separable`` is never faster when steered).
-STEERED_LAYER_BACKENDS = ("auto", "dense", "local")
+#: Backends timed by the steered-layer comparison (``separable`` is never faster when steered;
+#: ``cpp`` is timed where it can run).
+STEERED_LAYER_BACKENDS = ("auto", "dense", "local", "cpp")
 
 
 @dataclass
@@ -313,6 +319,8 @@ def run_steered_layer_benchmark(
         x = torch.randn(config.batch, 1 + grid * grid, config.dim, device=device)
         calls: dict[str, Callable[[], torch.Tensor]] = {"mha": _layer_call(mha, x, grid)}
         for backend in config.backends:
+            if backend == "cpp" and not cpp_kernels.takes(device, x.dtype, config.dim // config.heads):
+                continue
             calls[f"ssog-{backend}"] = _layer_call(ssog, x, grid, backend)
         with torch.inference_mode():
             stats = time_interleaved(calls, device=device, warmup=config.warmup, iters=config.rounds)

@@ -22,7 +22,7 @@ __all__ = [
     "check_parameter_values", "check_parameters", "check_steer", "check_tokens", "check_values",
 ]
 
-BACKENDS = ("auto", "dense", "separable", "local", "triton")
+BACKENDS = ("auto", "dense", "separable", "local", "cpp", "triton")
 
 #: Largest ``|mu|`` (tokens) accepted. A kernel row is a softmax of ``-(j - c)^2 / 2 sigma^2``
 #: over keys ``j``; float32 resolves neighbouring keys' squared distances from a centre ``c``

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from . import backends
+from . import backends, cpp_kernels
 from .checks import (
     check_backend, check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values,
 )
@@ -131,9 +131,11 @@ def _ssog_mix_unchecked(
     """:func:`ssog_mix` without its argument checks, for callers whose shapes hold by construction."""
     steered = mu.dim() == 5
     backend = _forced.get() or backend
-    if backend == "auto" and not steered:
-        requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (v, mu, sigma, weight))
-        backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad)
+    if backend == "auto":
+        requires_grad = _differentiated(v, mu, sigma, weight)
+        choice = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype)
+        # A steered "dense" is from shapes alone: _steered still weighs the windowed path.
+        backend = "auto" if steered and choice == "dense" else choice
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
     # Kernels stay in fp32 under autocast; contractions run in the dtype of v.
     autocast_off = (
@@ -149,6 +151,8 @@ def _ssog_mix_unchecked(
             return backends.fixed_dense(v, ky, kx)
         if backend == "separable":
             return backends.fixed_separable(v, ky, kx)
+        if backend == "cpp":
+            return cpp_kernels.cpp_fixed(v, ky, kx)
         if backend == "triton":
             from .triton_separable import triton_separable
 
@@ -167,6 +171,8 @@ def _steered(
     device ``auto`` uses whole rows: the windows depend on the values, not on shapes."""
     if backend == "triton":
         raise ValueError("the triton backend supports fixed kernels only; use dense, separable or local")
+    if backend == "cpp":
+        return cpp_kernels.cpp_steered(v, mu, sigma, weight, grid_size)
     if backend == "separable":
         return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
     if backend == "local" or (
@@ -206,8 +212,15 @@ def choose_backend(
     device: torch.device,
     requires_grad: bool = False,
     matrix_cached: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
     """Pick the cheapest backend for fixed or steered kernels by a cost model.
+
+    Without autograd, on a CPU where the ``cpp`` backend's fused kernels take ``dtype`` and
+    the head dimension (:func:`ssog.ops.cpp_kernels.takes`), it is ``cpp``: for fixed kernels
+    it does the separable multiply-adds without the separable path's overhead, for steered
+    ones the dense path's (fewer where kernels are narrow), each in one pass
+    (docs/results/operator.md). Otherwise:
 
     Multiply-adds per call, with ``BH`` batch*heads and ``N = Hg*Wg``:
 
@@ -228,10 +241,13 @@ def choose_backend(
     contraction ``R N (Wg + 1) d``. (``ssog_mix`` with ``auto`` then checks the windowed
     ``local`` path against it, which needs the parameters' values.)
     """
+    batch, heads, n, dim = value_shape
+    if not requires_grad and cpp_kernels.takes(device, dtype, dim):
+        _debug("choose_backend: cpp (fused CPU kernels, no autograd)")
+        return "cpp"
     if steered:
         _debug("choose_backend: dense for steered kernels (from shapes alone)")
         return "dense"
-    batch, heads, n, dim = value_shape
     rows, cols = grid_size
     if device.type == "cpu":
         separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU
@@ -253,6 +269,17 @@ def choose_backend(
 
 
 # ----------------------------------------------------------------------------- helpers
+def _differentiated(*tensors: Tensor) -> bool:
+    """Whether autograd records work on ``tensors``, or a ``torch.func`` transform (``vmap``,
+    ``jacrev``, ...; the Lipschitz analysis) wraps them: either way the forward-only ``cpp``
+    kernels, which read raw memory, must not run."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return True
+    return not torch.compiler.is_compiling() and any(
+        torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors
+    )
+
+
 def _debug(message: str, *args: object) -> None:
     """``logger.debug``, skipped while ``torch.compile`` traces: a logging call inside the
     graph would break ``fullgraph=True``, and the choice is a constant of the graph anyway."""

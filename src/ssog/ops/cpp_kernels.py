@@ -1,0 +1,189 @@
+"""The ``cpp`` backend: fused CPU kernels (``csrc/ssog_cpu.cpp``) for inference.
+
+Each kernel does a whole mixing in one pass, its running sums in vector registers, where the
+``separable`` and ``dense`` paths make many PyTorch calls and write intermediates to memory
+(docs/results/operator.md). Fixed kernels: separable mixing, ``R N (Hg + Wg) d``
+multiply-adds per head. Steered kernels: every query's row of ``A`` built in L1 from its 1-D
+kernels and applied at once, ``N (R + d)`` per query.
+
+The library is compiled on first use with the machine's C++ compiler (``$CXX`` or ``c++``,
+``-O3 -march=native``, a few seconds) into ``$SSOG_CACHE_DIR`` (default
+``~/.cache/ssog``), keyed by the source, the compiler and the CPU, and loaded with ctypes: a
+plain C ABI needs no torch headers, which would make the build take a minute, nor a build
+step at install time (an editable or wheel install works the same). Without a compiler, or
+with ``SSOG_CPP=0``, :func:`available` is ``False`` and ``auto`` uses the PyTorch paths.
+
+The kernels compute forward only (float32, CPU, a head dimension the vector width divides);
+``auto`` takes them where no gradient is recorded.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["available", "cpp_fixed", "cpp_steered", "supports", "takes", "unavailable_reason"]
+
+SOURCE = Path(__file__).with_name("csrc") / "ssog_cpu.cpp"
+#: Compiler flags. -march=native: the library is built on, and for, the machine that runs it.
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp")
+
+
+def available() -> bool:
+    """Whether the compiled kernels can run here (compiling them on the first call)."""
+    return _library()[0] is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is ``False`` (``None`` when it is ``True``)."""
+    return _library()[1]
+
+
+def supports(v: Tensor) -> bool:
+    """Whether the kernels take these values (see :func:`takes`)."""
+    return takes(v.device, v.dtype, v.shape[-1])
+
+
+def takes(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernels take values of this device, dtype and head dimension: float32 on
+    the CPU, a head dimension of 1, 2, 3, 4, 6 or 8 vectors (16 floats with AVX-512, else 8),
+    outside ``torch.compile``. (Callers keep them out of autograd: they compute forward only.)"""
+    if device.type != "cpu" or dtype != torch.float32 or torch.compiler.is_compiling() or not available():
+        return False
+    lanes = _library()[0].ssog_lanes()
+    return head_dim % lanes == 0 and head_dim // lanes in (1, 2, 3, 4, 6, 8)
+
+
+def cpp_fixed(v: Tensor, ky: Tensor, kx: Tensor) -> Tensor:
+    """Fixed separable mixing; same contract as ``backends.fixed_separable``, no gradients.
+
+    ``v (B, H, N, d)`` float32; ``ky (H, R, Hg, Hg)`` (weights folded in), ``kx (H, R, Wg, Wg)``.
+    """
+    _check(v, ky, kx)
+    batch, heads, n, dim = v.shape
+    _, atoms, rows, _ = ky.shape
+    cols = kx.shape[-1]
+    v = v.contiguous()
+    ky = ky.to(torch.float32).contiguous()
+    kx = kx.to(torch.float32).contiguous()
+    out = torch.empty_like(v)
+    _call(
+        "ssog_fixed_forward", v, ky, kx, out,
+        batch * heads, heads, rows, cols, atoms, dim, torch.get_num_threads(),
+    )
+    return out
+
+
+def cpp_steered(v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    """Steered mixing, no gradients; same contract as ``backends.steered_mix``.
+
+    ``v (B, H, N, d)`` float32; ``mu, sigma (B, H, N, R, 2)`` as ``(y, x)`` in tokens,
+    ``weight (B, H, N, R)``. The library builds each query's 1-D kernels itself (the
+    ``gaussian_rows`` formula). Returns ``(B, H, N, d)``.
+    """
+    _check(v, mu, sigma, weight)
+    batch, heads, n, dim = v.shape
+    rows, cols = grid_size
+    v = v.contiguous()
+    mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
+    out = torch.empty_like(v)
+    _call(
+        "ssog_steered_forward", v, mu, sigma, weight, out,
+        batch * heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
+    )
+    return out
+
+
+def _check(v: Tensor, *parameters: Tensor) -> None:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (v, *parameters)):
+        raise RuntimeError("the cpp backend computes forward only (no gradients); use 'auto', which takes it "
+                           "where no gradient is recorded, or 'separable' / 'dense' for training")
+    if not supports(v):
+        reason = unavailable_reason() or (
+            f"it takes float32 CPU values whose head dimension is 1, 2, 3, 4, 6 or 8 times "
+            f"{_library()[0].ssog_lanes()}; got {v.dtype} on {v.device}, head dimension {v.shape[-1]}"
+        )
+        raise RuntimeError(f"the cpp backend cannot run here: {reason}; use 'auto' or 'separable'")
+
+
+def _call(name: str, *args: object) -> None:
+    library = _library()[0]
+    converted = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]  # argtypes convert
+    status = getattr(library, name)(*converted)
+    if status != 0:  # supports() admits only what the library takes
+        raise RuntimeError(f"{name} rejected its arguments (status {status})")
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    """The loaded library and ``None``, or ``None`` and why it is not there."""
+    if os.environ.get("SSOG_CPP", "1") == "0":
+        return None, "disabled by SSOG_CPP=0"
+    try:
+        path = _build()
+        library = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+        logger.info("ssog: the cpp backend is not available (%s); auto uses the PyTorch backends", error)
+        return None, str(error)
+    int64 = ctypes.c_int64
+    pointer = ctypes.c_void_p
+    library.ssog_lanes.restype = ctypes.c_int
+    library.ssog_lanes.argtypes = []
+    library.ssog_steered_forward.restype = ctypes.c_int
+    library.ssog_steered_forward.argtypes = [pointer] * 5 + [int64] + [ctypes.c_int] * 5
+    library.ssog_fixed_forward.restype = ctypes.c_int
+    library.ssog_fixed_forward.argtypes = [pointer] * 4 + [int64] + [ctypes.c_int] * 6
+    return library, None
+
+
+def _build() -> Path:
+    """Compile the library unless the cache holds it; returns its path."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source)
+    for part in (compiler, " ".join(FLAGS), platform.machine(), _cpu_signature()):
+        key.update(part.encode())
+    cache = Path(os.environ.get("SSOG_CACHE_DIR") or Path.home() / ".cache" / "ssog")
+    target = cache / f"ssog_cpu-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    # Compile to a private name and rename: processes building at once (torchrun ranks)
+    # never load a half-written library.
+    handle, partial = tempfile.mkstemp(dir=cache, suffix=".so.partial")
+    os.close(handle)
+    try:
+        result = subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True, timeout=300
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    logger.info("ssog: built the cpp backend's kernels into %s", target)
+    return target
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags (``-march=native`` compiles for them), where Linux lists them."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()

@@ -1,0 +1,315 @@
+// Fused CPU kernels of the SSoG operator (the `cpp` backend), float32.
+//
+// Built by ssog/ops/cpp_kernels.py with the machine's C++ compiler on first use and called
+// through ctypes: a plain C ABI, no torch headers, so it compiles in seconds and does not
+// depend on the torch version. Every tensor is contiguous float32; shapes are in the comments.
+//
+// Both kernels keep their running sums in vector registers and never write an intermediate
+// larger than a few KiB, so the workspace is the output alone, and each call is one OpenMP
+// loop over its work items. Linked against libgomp.so.1, the runtime torch itself loads (its
+// wheels ship one under that name), so the kernels share torch's thread pool: a second
+// runtime's idle threads would spin against torch's.
+//
+// Kernel rows are ssog.ops.kernels.gaussian_rows: the fixed kernel takes them built, the
+// steered one builds them itself (gaussian_row below), since a query's rows cost as much to
+// build in PyTorch as to apply. Their tails are clamped at eps^2 of the peak (eps of float32);
+// keys where every kernel of a tile is at that floor are skipped: what they would add is
+// below 2^-46 of the output's scale, under float32's resolution.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float vec __attribute__((vector_size(kLanes * sizeof(float))));  // GCC/Clang vector extension
+
+// gaussian_rows' floor: logits are clamped at 2 ln(eps(float32)), values at eps^2 of the
+// row's peak; kNegligible adds a margin for the normalisation's rounding.
+constexpr float kLogitFloor = -31.8847885f;
+constexpr float kNegligible = 2.0e-14f;
+
+inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+
+// Runs body(i) for i in [0, count) on `threads` threads, handing out items one at a time so
+// that a core slowed by another process takes fewer.
+template <class Body>
+void parallel_for(int64_t count, int threads, Body body) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < count; ++i) body(i);
+}
+
+// First and last+1 index of `length` where any of the `count` rows (stride `stride`) is above
+// the floor (or NaN); an empty span when none is.
+inline void span_above_floor(const float* rows, int count, int64_t stride, int length, int* first, int* end) {
+  int lo = length, hi = 0;
+  for (int k = 0; k < count; ++k) {
+    const float* row = rows + k * stride;
+    int j = 0;
+    while (j < lo && row[j] <= kNegligible) ++j;
+    lo = std::min(lo, j);
+    j = length;
+    while (j > hi && row[j - 1] <= kNegligible) --j;
+    hi = std::max(hi, j);
+  }
+  *first = lo;
+  *end = std::max(lo, hi);
+}
+
+// ------------------------------------------------------------------------ steered kernels
+typedef int32_t ivec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// 0, 1, ..., kLanes - 1.
+inline vec lane_index() {
+  vec lanes;
+  for (int i = 0; i < kLanes; ++i) lanes[i] = static_cast<float>(i);
+  return lanes;
+}
+
+// exp(x) for x in [kLogitFloor, 0], on whole vectors: x = n ln2 + f with |f| <= ln2 / 2,
+// exp(f) by its Taylor polynomial of degree 7 (relative error < 1e-8), 2^n written into the
+// exponent bits (n >= -47, so never subnormal).
+inline vec exp_clamped(vec x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const vec n = (x * 1.44269504f + kRound) - kRound;
+  const vec f = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 in two parts (Cody-Waite)
+  vec p = f * (1.0f / 5040.0f) + 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  return p * reinterpret_cast<const vec&>(bits);
+}
+
+// gaussian_rows (ssog/ops/kernels.py) for one row, times `weight`: softmax over keys
+// j < length of -(j - centre)^2 / (2 sigma^2), shifted by the logit of the key nearest the
+// centre and clamped at 2 ln(eps) like the PyTorch formula. `row` holds `length` rounded up
+// to whole vectors; the padding is set to zero.
+inline void gaussian_row(float centre, float sigma, float weight, int length, float* row) {
+  const float scale = -0.5f / (sigma * sigma);
+  const float nearest = std::min(std::max(__builtin_nearbyintf(centre), 0.0f), static_cast<float>(length - 1));
+  const float shift = -scale * (nearest - centre) * (nearest - centre);
+  const vec lanes = lane_index();
+  vec total = {};
+  for (int j = 0; j < length; j += kLanes) {
+    const vec key = lanes + static_cast<float>(j);
+    const vec offset = key - centre;
+    vec logit = scale * offset * offset + shift;
+    logit = logit < kLogitFloor ? kLogitFloor : logit;  // NaN parameters stay NaN
+    const vec value = key < static_cast<float>(length) ? exp_clamped(logit) : vec{};
+    store(row + j, value);
+    total += value;
+  }
+  float sum = 0.0f;
+  for (int i = 0; i < kLanes; ++i) sum += total[i];
+  const float factor = weight / sum;
+  for (int j = 0; j < length; j += kLanes) store(row + j, load(row + j) * factor);
+}
+
+// Length rounded up to whole vectors.
+inline int padded(int length) { return (length + kLanes - 1) / kLanes * kLanes; }
+
+// One tile of up to `kQueries` consecutive queries of one (batch, head) item:
+// out[q] = sum_j A[q, j] v[j] with A[q, (y, x)] = sum_r ky[q, r, y] kx[q, r, x], the kernels
+// built from the tile's parameters and A one key row at a time, all in L1. Rows along x are
+// padded with zeros to whole vectors (`stride`); a tile's missing queries have zero kernels.
+template <int kVectors, int kQueries>
+void steered_tile(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
+                  int64_t first_query, int queries, int rows, int cols, int atoms, float* scratch) {
+  constexpr int dim = kVectors * kLanes;
+  const int stride_y = padded(rows), stride = padded(cols);
+  float* ky = scratch;                                 // (kQueries, atoms, stride_y)
+  float* kx = ky + kQueries * atoms * stride_y;        // (kQueries, atoms, stride)
+  float* row_of_a = kx + kQueries * atoms * stride;    // (kQueries, stride)
+  std::fill(ky, row_of_a, 0.0f);
+  for (int q = 0; q < queries; ++q) {
+    const int64_t query = first_query + q;
+    const float query_y = static_cast<float>(query / cols), query_x = static_cast<float>(query % cols);
+    for (int r = 0; r < atoms; ++r) {
+      const int64_t at = q * atoms + r;
+      gaussian_row(query_y + mu[2 * at], sigma[2 * at], weight[at], rows, ky + at * stride_y);
+      gaussian_row(query_x + mu[2 * at + 1], sigma[2 * at + 1], 1.0f, cols, kx + at * stride);
+    }
+  }
+  // Columns any kernel of the tile reaches, and the vectors that hold them; the rest of A's
+  // rows are at the floor.
+  int x0, x1;
+  span_above_floor(kx, queries * atoms, stride, cols, &x0, &x1);
+  const int vector0 = x0 / kLanes, vector1 = (x1 + kLanes - 1) / kLanes;
+  vec acc[kQueries][kVectors] = {};
+  for (int y = 0; y < rows; ++y) {
+    bool negligible = true;  // false for NaN, which must reach the output
+    for (int k = 0; k < queries * atoms; ++k) negligible &= ky[k * stride_y + y] <= kNegligible;
+    if (negligible) continue;
+    for (int i = vector0; i < vector1; ++i) {
+      for (int q = 0; q < kQueries; ++q) {
+        vec sum = {};
+        for (int r = 0; r < atoms; ++r)
+          sum += ky[(q * atoms + r) * stride_y + y] * load(kx + (q * atoms + r) * stride + i * kLanes);
+        store(row_of_a + q * stride + i * kLanes, sum);
+      }
+    }
+    const float* v_row = v + static_cast<int64_t>(y) * cols * dim;
+    for (int x = x0; x < x1; ++x) {
+      vec values[kVectors];
+      for (int c = 0; c < kVectors; ++c) values[c] = load(v_row + x * dim + c * kLanes);
+      for (int q = 0; q < kQueries; ++q) {
+        const float weight_a = row_of_a[q * stride + x];
+        for (int c = 0; c < kVectors; ++c) acc[q][c] += weight_a * values[c];
+      }
+    }
+  }
+  for (int q = 0; q < queries; ++q)
+    for (int c = 0; c < kVectors; ++c) store(out + q * dim + c * kLanes, acc[q][c]);
+}
+
+template <int kVectors>
+void steered_forward(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
+                     int64_t items, int rows, int cols, int atoms, int threads) {
+  // Queries per tile: their sums (kQueries * kVectors registers) fit the 32 (AVX-512) or 16
+  // vector registers with room for the loaded values.
+  constexpr int kQueries = kLanes == 16 ? std::max(1, 24 / kVectors) : std::max(1, 12 / kVectors);
+  constexpr int dim = kVectors * kLanes;
+  const int64_t n = static_cast<int64_t>(rows) * cols;
+  const int64_t tiles = (n + kQueries - 1) / kQueries;
+  parallel_for(items * tiles, threads, [&](int64_t task) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(kQueries) * (atoms * (padded(rows) + padded(cols)) + padded(cols)));
+    const int64_t item = task / tiles;
+    const int64_t q0 = (task % tiles) * kQueries;
+    const int count = static_cast<int>(std::min<int64_t>(kQueries, n - q0));
+    const int64_t query = item * n + q0;  // first (item, query) of the tile
+    steered_tile<kVectors, kQueries>(v + item * n * dim, mu + query * atoms * 2, sigma + query * atoms * 2,
+                                     weight + query * atoms, out + query * dim, q0, count, rows, cols, atoms,
+                                     scratch.data());
+  });
+}
+
+// ------------------------------------------------------------------------ fixed kernels
+// One query row y' of one (batch, head) item, separable: m[r, x] = sum_y ky[r, y', y] v[y, x]
+// for every atom into a (R, Wg, d) scratch (L1-sized), then out[y', x'] = sum_(r, x) kx[r, x', x] m[r, x].
+template <int kVectors>
+void fixed_row(const float* v, const float* ky, const float* kx, float* out, int out_row, int rows, int cols,
+               int atoms, float* mixed) {
+  constexpr int dim = kVectors * kLanes;
+  constexpr int kAtoms = 4;      // atoms contracted together (their sums stay in registers)
+  constexpr int kColumns = 4;    // output columns computed together
+  for (int r0 = 0; r0 < atoms; r0 += kAtoms) {
+    const int group = std::min(kAtoms, atoms - r0);
+    const float* ky_rows[kAtoms];
+    for (int r = 0; r < group; ++r) ky_rows[r] = ky + (static_cast<int64_t>(r0 + r) * rows + out_row) * rows;
+    int y0, y1;
+    span_above_floor(ky_rows[0], 1, 0, rows, &y0, &y1);
+    for (int r = 1; r < group; ++r) {
+      int a, b;
+      span_above_floor(ky_rows[r], 1, 0, rows, &a, &b);
+      if (a < b) { y0 = std::min(y0, a); y1 = std::max(y1, b); }
+    }
+    for (int x = 0; x < cols; ++x) {
+      vec acc[kAtoms][kVectors] = {};
+      for (int y = y0; y < y1; ++y) {
+        vec values[kVectors];
+        const float* v_at = v + (static_cast<int64_t>(y) * cols + x) * dim;
+        for (int c = 0; c < kVectors; ++c) values[c] = load(v_at + c * kLanes);
+        for (int r = 0; r < kAtoms; ++r) {
+          const float weight = r < group ? ky_rows[r][y] : 0.0f;
+          for (int c = 0; c < kVectors; ++c) acc[r][c] += weight * values[c];
+        }
+      }
+      for (int r = 0; r < group; ++r)
+        for (int c = 0; c < kVectors; ++c) store(mixed + ((r0 + r) * cols + x) * dim + c * kLanes, acc[r][c]);
+    }
+  }
+  for (int x0 = 0; x0 < cols; x0 += kColumns) {
+    const int width = std::min(kColumns, cols - x0);
+    vec acc[kColumns][kVectors] = {};
+    for (int r = 0; r < atoms; ++r) {
+      const float* kx_atom = kx + static_cast<int64_t>(r) * cols * cols;
+      int k0, k1;  // keys any of these output columns reaches
+      span_above_floor(kx_atom + x0 * cols, width, cols, cols, &k0, &k1);
+      for (int x = k0; x < k1; ++x) {
+        vec values[kVectors];
+        for (int c = 0; c < kVectors; ++c) values[c] = load(mixed + (r * cols + x) * dim + c * kLanes);
+        for (int i = 0; i < kColumns; ++i) {
+          const float weight = i < width ? kx_atom[(x0 + i) * cols + x] : 0.0f;
+          for (int c = 0; c < kVectors; ++c) acc[i][c] += weight * values[c];
+        }
+      }
+    }
+    for (int i = 0; i < width; ++i)
+      for (int c = 0; c < kVectors; ++c)
+        store(out + (static_cast<int64_t>(out_row) * cols + x0 + i) * dim + c * kLanes, acc[i][c]);
+  }
+}
+
+template <int kVectors>
+void fixed_forward(const float* v, const float* ky, const float* kx, float* out, int64_t items, int heads, int rows,
+                   int cols, int atoms, int threads) {
+  constexpr int dim = kVectors * kLanes;
+  const int64_t n = static_cast<int64_t>(rows) * cols;
+  parallel_for(items * rows, threads, [&](int64_t task) {
+    thread_local std::vector<float> mixed;
+    mixed.resize(static_cast<size_t>(atoms) * cols * dim);
+    const int64_t item = task / rows;
+    const int head = static_cast<int>(item % heads);
+    fixed_row<kVectors>(v + item * n * dim, ky + static_cast<int64_t>(head) * atoms * rows * rows,
+                        kx + static_cast<int64_t>(head) * atoms * cols * cols, out + item * n * dim,
+                        static_cast<int>(task % rows), rows, cols, atoms, mixed.data());
+  });
+}
+
+template <template <int> class Kernel, class... Args>
+int dispatch(int dim, Args... args) {
+  if (dim % kLanes != 0) return 1;
+  switch (dim / kLanes) {
+    case 1: Kernel<1>::run(args...); return 0;
+    case 2: Kernel<2>::run(args...); return 0;
+    case 3: Kernel<3>::run(args...); return 0;
+    case 4: Kernel<4>::run(args...); return 0;
+    case 6: Kernel<6>::run(args...); return 0;
+    case 8: Kernel<8>::run(args...); return 0;
+    default: return 1;
+  }
+}
+
+template <int kVectors>
+struct Steered {
+  template <class... Args> static void run(Args... args) { steered_forward<kVectors>(args...); }
+};
+template <int kVectors>
+struct Fixed {
+  template <class... Args> static void run(Args... args) { fixed_forward<kVectors>(args...); }
+};
+
+}  // namespace
+
+extern "C" {
+
+// Head dimensions the kernels take: multiples of the vector width up to 8 vectors.
+int ssog_lanes() { return kLanes; }
+
+// Steered mixing. v, out: (items, rows * cols, dim); mu, sigma: (items, rows * cols, atoms, 2)
+// as (y, x), tokens; weight: (items, rows * cols, atoms). Returns 0, or 1 for an unsupported dim.
+int ssog_steered_forward(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
+                         int64_t items, int rows, int cols, int atoms, int dim, int threads) {
+  return dispatch<Steered>(dim, v, mu, sigma, weight, out, items, rows, cols, atoms, threads);
+}
+
+// Fixed separable mixing. v, out: (items, rows * cols, dim) with items = batch * heads;
+// ky: (heads, atoms, rows, rows) with the mixture weights folded in; kx: (heads, atoms, cols, cols).
+// Returns 0, or 1 for an unsupported dim.
+int ssog_fixed_forward(const float* v, const float* ky, const float* kx, float* out, int64_t items, int heads,
+                       int rows, int cols, int atoms, int dim, int threads) {
+  return dispatch<Fixed>(dim, v, ky, kx, out, items, heads, rows, cols, atoms, threads);
+}
+
+}  // extern "C"

@@ -1,0 +1,140 @@
+"""The cpp backend (fused CPU kernels, forward only) against the dense definition, its
+dispatch, its refusals and its fallback when it cannot be built."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssog.ops import cpp_kernels, ssog_matrix, ssog_mix
+from ssog.ops.functional import _ssog_mix_unchecked
+
+pytestmark = pytest.mark.skipif(not cpp_kernels.available(), reason=f"cpp backend: {cpp_kernels.unavailable_reason()}")
+
+LANES = cpp_kernels._library()[0].ssog_lanes() if cpp_kernels.available() else 16
+
+
+def params(batch: int | None, heads: int, n: int, atoms: int, seed: int, width: tuple[float, float] = (0.3, 3.0)):
+    """Fixed (``batch=None``) or steered mixture parameters in float64."""
+    g = torch.Generator().manual_seed(seed)
+    lead = (heads, atoms) if batch is None else (batch, heads, n, atoms)
+    mu = 3.0 * torch.randn(*lead, 2, generator=g, dtype=torch.float64)
+    sigma = width[0] + (width[1] - width[0]) * torch.rand(*lead, 2, generator=g, dtype=torch.float64)
+    weight = torch.randn(*lead, generator=g, dtype=torch.float64).softmax(-1)
+    return mu, sigma, weight
+
+
+def check_against_definition(batch, heads, grid, dim, atoms, steered, seed=0, width=(0.3, 3.0)):
+    n = grid[0] * grid[1]
+    mu, sigma, weight = params(batch if steered else None, heads, n, atoms, seed, width)
+    v = torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    out = ssog_mix(v.float(), mu.float(), sigma.float(), weight.float(), grid, backend="cpp")
+    assert out.dtype == torch.float32 and out.shape == v.shape
+    # float32 kernels and sums: a few units of float32's precision of the output's scale
+    assert (out.double() - expected).abs().max() <= 2e-6 * v.abs().max()
+
+
+@pytest.mark.parametrize("grid", [(5, 7), (14, 14), (1, 9), (9, 1), (17, 3)])
+@pytest.mark.parametrize("atoms", [1, 4, 6])
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_matches_dense_definition(grid, atoms, steered):
+    check_against_definition(2, 3, grid, 4 * LANES, atoms, steered, seed=atoms)
+
+
+@pytest.mark.parametrize("vectors", [1, 2, 3, 6, 8])
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_takes_every_supported_head_dimension(vectors, steered):
+    check_against_definition(1, 2, (6, 5), vectors * LANES, 3, steered)
+
+
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_skips_only_negligible_keys(steered):
+    """Narrow kernels on a wide grid: most keys are at the floor and skipped, exactly."""
+    check_against_definition(2, 2, (24, 20), LANES, 3, steered, width=(0.2, 0.8))
+    # and kernels wider than the grid, centres far outside it
+    check_against_definition(1, 2, (7, 6), LANES, 2, steered, width=(20.0, 200.0))
+
+
+def test_cpp_propagates_non_finite_parameters():
+    grid, n = (4, 4), 16
+    mu, sigma, weight = (t.float() for t in params(1, 1, n, 2, seed=3))
+    mu[0, 0, 5, 1, 0] = float("nan")  # the layers call the operator unchecked
+    out = _ssog_mix_unchecked(torch.randn(1, 1, n, LANES), mu, sigma, weight, grid, "cpp")
+    assert out[0, 0, 5].isnan().all()
+    assert out[0, 0, :5].isfinite().all() and out[0, 0, 6:].isfinite().all()
+
+
+def test_auto_takes_cpp_without_gradients_only(monkeypatch):
+    taken = []
+    for name in ("cpp_fixed", "cpp_steered"):
+        original = getattr(cpp_kernels, name)
+        monkeypatch.setattr(cpp_kernels, name, lambda *a, _f=original, _n=name: taken.append(_n) or _f(*a))
+    grid, n = (6, 6), 36
+    v = torch.randn(2, 2, n, LANES)
+    fixed = [t.float() for t in params(None, 2, n, 3, seed=0)]
+    steered = [t.float() for t in params(2, 2, n, 3, seed=0)]
+    with torch.inference_mode():
+        ssog_mix(v, *fixed, grid)
+        ssog_mix(v, *steered, grid)
+    assert taken == ["cpp_fixed", "cpp_steered"]
+    for parameters in (fixed, steered):  # training: the differentiable backends
+        trained = [t.clone().requires_grad_() for t in parameters]
+        ssog_mix(v, *trained, grid).sum().backward()
+        assert all(t.grad is not None for t in trained)
+    ssog_mix(v.double(), *(t.double() for t in fixed), grid)  # float64: not the cpp kernels
+    ssog_mix(torch.randn(2, 2, n, LANES + 1), *fixed, grid)  # head dimension it does not take
+    assert taken == ["cpp_fixed", "cpp_steered"]
+
+
+@pytest.mark.parametrize(
+    "v,requires_grad,message",
+    [
+        (torch.randn(1, 2, 16, 16), True, "forward only"),
+        (torch.randn(1, 2, 16, 16, dtype=torch.float64), False, "float32 CPU values"),
+        (torch.randn(1, 2, 16, 20), False, "head dimension 20"),
+    ],
+    ids=["gradients", "float64", "head_dim"],
+)
+def test_cpp_refuses_what_it_cannot_compute(v, requires_grad, message):
+    mu, sigma, weight = (t.to(v.dtype) for t in params(None, 2, 16, 2, seed=0))
+    with pytest.raises(RuntimeError, match=message):
+        ssog_mix(v.requires_grad_(requires_grad), mu, sigma, weight, (4, 4), backend="cpp")
+
+
+@pytest.fixture
+def fresh_library(monkeypatch, tmp_path):
+    """The library's loader with an empty cache; restored (and reloaded) afterwards."""
+    monkeypatch.setenv("SSOG_CACHE_DIR", str(tmp_path))
+    cpp_kernels._library.cache_clear()
+    yield tmp_path
+    monkeypatch.undo()
+    cpp_kernels._library.cache_clear()
+
+
+def test_without_a_compiler_auto_falls_back(fresh_library, monkeypatch):
+    monkeypatch.setenv("CXX", str(fresh_library / "no-such-compiler"))
+    assert not cpp_kernels.available()
+    assert "no-such-compiler" in cpp_kernels.unavailable_reason()
+    mu, sigma, weight = (t.float() for t in params(None, 2, 16, 2, seed=0))
+    v = torch.randn(1, 2, 16, 16)
+    expected = ssog_matrix(mu, sigma, weight, (4, 4)) @ v
+    with torch.inference_mode():
+        torch.testing.assert_close(ssog_mix(v, mu, sigma, weight, (4, 4)), expected)
+    with pytest.raises(RuntimeError, match="cannot run here: .*no-such-compiler"):
+        ssog_mix(v, mu, sigma, weight, (4, 4), backend="cpp")
+
+
+def test_disabled_by_environment(fresh_library, monkeypatch):
+    monkeypatch.setenv("SSOG_CPP", "0")
+    assert not cpp_kernels.available()
+    assert cpp_kernels.unavailable_reason() == "disabled by SSOG_CPP=0"
+
+
+def test_build_is_cached_and_leaves_no_partial_files(fresh_library):
+    assert cpp_kernels.available()
+    built = sorted(p.name for p in fresh_library.iterdir())
+    assert len(built) == 1 and built[0].startswith("ssog_cpu-") and built[0].endswith(".so")
+    stamp = (fresh_library / built[0]).stat().st_mtime_ns
+    cpp_kernels._library.cache_clear()
+    assert cpp_kernels.available()
+    assert (fresh_library / built[0]).stat().st_mtime_ns == stamp  # loaded, not rebuilt
