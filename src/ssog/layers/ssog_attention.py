@@ -259,7 +259,7 @@ class SSoGAttention(nn.Module):
         if self.backend not in ("auto", "dense"):
             return None
         if self.backend == "auto" and choose_backend(
-            values.shape, grid_size, self.num_atoms, False, values.device, matrix_cached=True
+            values.shape, grid_size, self.num_atoms, False, values.device, matrix_cached=True, dtype=values.dtype
         ) != "dense":
             return None
         key = (tuple(grid_size), values.device, values.dtype,

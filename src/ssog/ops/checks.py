@@ -104,22 +104,33 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
     distances ``((L + |mu|) / sigma)^2`` that the kernel dtype can hold (skipped on ``meta``)."""
     if mu.device.type == "meta":
         return
+    dtype = kernel_dtype(torch.promote_types(mu.dtype, sigma.dtype))
+    lengths = torch.tensor(grid_size, dtype=dtype, device=mu.device)
+    offset = mu.abs()
+    # One pass for valid parameters, whose cost matters on small grids: (L + |mu|) / sigma is
+    # positive and its square finite exactly when sigma > 0 is finite, mu is finite and the
+    # kernel dtype holds the squared distances (NaN fails every comparison). The checks below
+    # only run to say what is wrong.
+    reach = (lengths + offset.to(dtype)) / sigma.to(dtype)
+    valid = (
+        ((reach > 0) & (reach < math.sqrt(torch.finfo(dtype).max))).all()
+        & (offset <= MAX_CENTRE_OFFSET).all()
+        & torch.isfinite(weight).all()
+    )
+    if bool(valid):
+        return
     for name, tensor in (("mu", mu), ("sigma", sigma), ("weight", weight)):
         if not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{name} must be finite everywhere, got {_first_bad(tensor, torch.isfinite(tensor))}")
     if not bool((sigma > 0).all()):
         raise ValueError(f"sigma must be > 0 everywhere (widths are in token units), got "
                          f"{_first_bad(sigma, sigma > 0)}")
-    offset = mu.abs()
     if not bool((offset <= MAX_CENTRE_OFFSET).all()):
         raise ValueError(f"|mu| must be <= 2^20 tokens (float32 cannot place a kernel further out), got "
                          f"{_first_bad(mu, offset <= MAX_CENTRE_OFFSET)}")
-    dtype = kernel_dtype(torch.promote_types(mu.dtype, sigma.dtype))
-    lengths = torch.tensor(grid_size, dtype=dtype, device=mu.device)
-    reach = ((lengths + offset.to(dtype)) / sigma.to(dtype)).square()
-    if not bool(torch.isfinite(reach).all()):
-        raise ValueError(f"sigma is too small for its centre: ((grid + |mu|) / sigma)^2 overflows {dtype}, got "
-                         f"sigma {_first_bad(sigma, torch.isfinite(reach))}")
+    held = torch.isfinite(reach.square())
+    raise ValueError(f"sigma is too small for its centre: ((grid + |mu|) / sigma)^2 overflows {dtype}, got "
+                     f"sigma {_first_bad(sigma, held)}")
 
 
 def _first_bad(tensor: Tensor, ok: Tensor) -> str:

@@ -66,22 +66,22 @@ def takes(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     return head_dim % lanes == 0 and head_dim // lanes in (1, 2, 3, 4, 6, 8)
 
 
-def cpp_fixed(v: Tensor, ky: Tensor, kx: Tensor) -> Tensor:
-    """Fixed separable mixing; same contract as ``backends.fixed_separable``, no gradients.
+def cpp_fixed(v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    """Fixed separable mixing, no gradients; same contract as ``ssog_mix`` with fixed kernels.
 
-    ``v (B, H, N, d)`` float32; ``ky (H, R, Hg, Hg)`` (weights folded in), ``kx (H, R, Wg, Wg)``.
+    ``v (B, H, N, d)`` float32; ``mu, sigma (H, R, 2)`` as ``(y, x)`` in tokens, ``weight
+    (H, R)``. The library builds the 1-D kernels itself (the ``gaussian_rows`` formula).
+    Returns ``(B, H, N, d)``.
     """
-    _check(v, ky, kx)
-    batch, heads, n, dim = v.shape
-    _, atoms, rows, _ = ky.shape
-    cols = kx.shape[-1]
+    _check(v, mu, sigma, weight)
+    batch, heads, _, dim = v.shape
+    rows, cols = grid_size
     v = v.contiguous()
-    ky = ky.to(torch.float32).contiguous()
-    kx = kx.to(torch.float32).contiguous()
+    mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
     out = torch.empty_like(v)
     _call(
-        "ssog_fixed_forward", v, ky, kx, out,
-        batch * heads, heads, rows, cols, atoms, dim, torch.get_num_threads(),
+        "ssog_fixed_forward", v, mu, sigma, weight, out,
+        batch * heads, heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
     )
     return out
 
@@ -144,7 +144,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     library.ssog_steered_forward.restype = ctypes.c_int
     library.ssog_steered_forward.argtypes = [pointer] * 5 + [int64] + [ctypes.c_int] * 5
     library.ssog_fixed_forward.restype = ctypes.c_int
-    library.ssog_fixed_forward.argtypes = [pointer] * 4 + [int64] + [ctypes.c_int] * 6
+    library.ssog_fixed_forward.argtypes = [pointer] * 5 + [int64] + [ctypes.c_int] * 6
     return library, None
 
 

@@ -136,6 +136,10 @@ def _ssog_mix_unchecked(
         choice = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype)
         # A steered "dense" is from shapes alone: _steered still weighs the windowed path.
         backend = "auto" if steered and choice == "dense" else choice
+    if backend == "cpp":  # float32 kernels of its own, outside autocast (not a torch op)
+        if steered:
+            return cpp_kernels.cpp_steered(v, mu, sigma, weight, grid_size)
+        return cpp_kernels.cpp_fixed(v, mu, sigma, weight, grid_size)
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
     # Kernels stay in fp32 under autocast; contractions run in the dtype of v.
     autocast_off = (
@@ -151,8 +155,6 @@ def _ssog_mix_unchecked(
             return backends.fixed_dense(v, ky, kx)
         if backend == "separable":
             return backends.fixed_separable(v, ky, kx)
-        if backend == "cpp":
-            return cpp_kernels.cpp_fixed(v, ky, kx)
         if backend == "triton":
             from .triton_separable import triton_separable
 
@@ -171,8 +173,6 @@ def _steered(
     device ``auto`` uses whole rows: the windows depend on the values, not on shapes."""
     if backend == "triton":
         raise ValueError("the triton backend supports fixed kernels only; use dense, separable or local")
-    if backend == "cpp":
-        return cpp_kernels.cpp_steered(v, mu, sigma, weight, grid_size)
     if backend == "separable":
         return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
     if backend == "local" or (
