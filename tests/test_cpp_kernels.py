@@ -68,7 +68,7 @@ def test_auto_takes_cpp_without_gradients_only(monkeypatch):
     taken = []
     for name in ("cpp_fixed", "cpp_steered"):
         original = getattr(cpp_kernels, name)
-        monkeypatch.setattr(cpp_kernels, name, lambda *a, _f=original, _n=name: taken.append(_n) or _f(*a))
+        monkeypatch.setattr(cpp_kernels, name, lambda *a, _f=original, _n=name, **k: taken.append(_n) or _f(*a, **k))
     grid, n = (6, 6), 36
     v = torch.randn(2, 2, n, LANES)
     fixed = [t.float() for t in params(None, 2, n, 3, seed=0)]
@@ -138,3 +138,31 @@ def test_build_is_cached_and_leaves_no_partial_files(fresh_library):
     cpp_kernels._library.cache_clear()
     assert cpp_kernels.available()
     assert (fresh_library / built[0]).stat().st_mtime_ns == stamp  # loaded, not rebuilt
+
+
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_reads_and_writes_views_of_token_major_tensors(steered):
+    """The layers pass (B, H, N, d) views of (B, P + N, H, d) tensors, read and written in place."""
+    batch, heads, grid, prefix, dim = 2, 3, (5, 4), 1, LANES
+    n = grid[0] * grid[1]
+    mu, sigma, weight = (t.float() for t in params(batch if steered else None, heads, n, 3, seed=4))
+    projection = torch.randn(batch, prefix + n, heads, dim)
+    destination = torch.full_like(projection, float("nan"))
+    v, out = (t[:, prefix:].transpose(1, 2) for t in (projection, destination))
+    assert _ssog_mix_unchecked(v, mu, sigma, weight, grid, "cpp", out=out) is out
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v.contiguous()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert destination[:, :prefix].isnan().all()  # nothing written outside the view
+
+
+@pytest.mark.parametrize("steer", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
+def test_layer_without_gradients_matches_its_training_path(steer):
+    from ssog.layers import SSoGAttention
+
+    layer = SSoGAttention(4 * LANES, 4, 3, steer=steer, steer_gate_init=0.0).eval()
+    x = torch.randn(2, 1 + 36, 4 * LANES)
+    expected = layer(x, (6, 6))  # autograd records: the PyTorch backends
+    assert expected.grad_fn is not None
+    for no_gradients in (torch.no_grad, torch.inference_mode):
+        with no_gradients():
+            torch.testing.assert_close(layer(x, (6, 6)), expected, rtol=1e-5, atol=1e-5)

@@ -229,15 +229,14 @@ class SSoGAttention(nn.Module):
         prefix, heads, head_dim = self.num_prefix_tokens, self.num_heads, self.head_dim
         values = self.v(x).view(batch, tokens, heads, head_dim)
         patch_values = values[:, prefix:].transpose(1, 2)  # (B, H, N, d)
+        out = values.new_empty(batch, tokens, heads, head_dim)
+        patch_out = out[:, prefix:].transpose(1, 2)  # written in place, no (B, H, N, d) copies
         matrix = self._inference_matrix(patch_values, grid_size)
         if matrix is not None:
-            mixed = apply_fixed_matrix(matrix, patch_values)
+            patch_out.copy_(apply_fixed_matrix(matrix, patch_values))
         else:
             mu, sigma, weight = self.mixture(x[:, prefix:])
-            mixed = _ssog_mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend)
-
-        out = values.new_empty(batch, tokens, heads, head_dim)
-        out[:, prefix:] = mixed.transpose(1, 2)
+            _ssog_mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend, out=patch_out)
         if prefix:
             out[:, :prefix] = patch_values.mean(dim=2).unsqueeze(1)
         return self.proj_drop(self.proj(out.view(batch, tokens, self.dim)))

@@ -66,43 +66,51 @@ def takes(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     return head_dim % lanes == 0 and head_dim // lanes in (1, 2, 3, 4, 6, 8)
 
 
-def cpp_fixed(v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
+def cpp_fixed(
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None = None
+) -> Tensor:
     """Fixed separable mixing, no gradients; same contract as ``ssog_mix`` with fixed kernels.
 
-    ``v (B, H, N, d)`` float32; ``mu, sigma (H, R, 2)`` as ``(y, x)`` in tokens, ``weight
-    (H, R)``. The library builds the 1-D kernels itself (the ``gaussian_rows`` formula).
-    Returns ``(B, H, N, d)``.
+    ``v (B, H, N, d)`` float32, any strides with contiguous features (e.g. a transposed view
+    of a ``(B, N, H, d)`` projection: read in place); ``mu, sigma (H, R, 2)`` as ``(y, x)`` in
+    tokens, ``weight (H, R)``. The library builds the 1-D kernels itself (the
+    ``gaussian_rows`` formula). Returns ``(B, H, N, d)``: ``out`` if given (same rules as
+    ``v``, written in place), else a new tensor.
     """
+    return _mix("ssog_fixed_forward", v, mu, sigma, weight, grid_size, out)
+
+
+def cpp_steered(
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None = None
+) -> Tensor:
+    """Steered mixing, no gradients; same contract as ``ssog_mix`` with steered kernels.
+
+    ``v`` and ``out`` as in :func:`cpp_fixed`; ``mu, sigma (B, H, N, R, 2)`` as ``(y, x)`` in
+    tokens, ``weight (B, H, N, R)``. The library builds each query's 1-D kernels itself.
+    """
+    return _mix("ssog_steered_forward", v, mu, sigma, weight, grid_size, out)
+
+
+def _mix(
+    name: str, v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None
+) -> Tensor:
     _check(v, mu, sigma, weight)
     batch, heads, _, dim = v.shape
     rows, cols = grid_size
-    v = v.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if out is None:
+        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    elif out.shape != v.shape or out.dtype != v.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be float32 {tuple(v.shape)} with contiguous features, got {out.dtype} "
+                         f"{tuple(out.shape)} with strides {out.stride()}")
     mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
-    out = torch.empty_like(v)
-    _call(
-        "ssog_fixed_forward", v, mu, sigma, weight, out,
-        batch * heads, heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
+    status = getattr(_library()[0], name)(
+        v.data_ptr(), *v.stride()[:3], mu.data_ptr(), sigma.data_ptr(), weight.data_ptr(),
+        out.data_ptr(), *out.stride()[:3], batch, heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
     )
-    return out
-
-
-def cpp_steered(v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
-    """Steered mixing, no gradients; same contract as ``backends.steered_mix``.
-
-    ``v (B, H, N, d)`` float32; ``mu, sigma (B, H, N, R, 2)`` as ``(y, x)`` in tokens,
-    ``weight (B, H, N, R)``. The library builds each query's 1-D kernels itself (the
-    ``gaussian_rows`` formula). Returns ``(B, H, N, d)``.
-    """
-    _check(v, mu, sigma, weight)
-    batch, heads, n, dim = v.shape
-    rows, cols = grid_size
-    v = v.contiguous()
-    mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
-    out = torch.empty_like(v)
-    _call(
-        "ssog_steered_forward", v, mu, sigma, weight, out,
-        batch * heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
-    )
+    if status != 0:  # supports() admits only what the library takes
+        raise RuntimeError(f"{name} rejected its arguments (status {status})")
     return out
 
 
@@ -116,14 +124,6 @@ def _check(v: Tensor, *parameters: Tensor) -> None:
             f"{_library()[0].ssog_lanes()}; got {v.dtype} on {v.device}, head dimension {v.shape[-1]}"
         )
         raise RuntimeError(f"the cpp backend cannot run here: {reason}; use 'auto' or 'separable'")
-
-
-def _call(name: str, *args: object) -> None:
-    library = _library()[0]
-    converted = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]  # argtypes convert
-    status = getattr(library, name)(*converted)
-    if status != 0:  # supports() admits only what the library takes
-        raise RuntimeError(f"{name} rejected its arguments (status {status})")
 
 
 @functools.cache
@@ -141,10 +141,11 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     pointer = ctypes.c_void_p
     library.ssog_lanes.restype = ctypes.c_int
     library.ssog_lanes.argtypes = []
-    library.ssog_steered_forward.restype = ctypes.c_int
-    library.ssog_steered_forward.argtypes = [pointer] * 5 + [int64] + [ctypes.c_int] * 5
-    library.ssog_fixed_forward.restype = ctypes.c_int
-    library.ssog_fixed_forward.argtypes = [pointer] * 5 + [int64] + [ctypes.c_int] * 6
+    strided = [pointer, int64, int64, int64]  # data, batch / head / token strides
+    for name in ("ssog_steered_forward", "ssog_fixed_forward"):
+        function = getattr(library, name)
+        function.restype = ctypes.c_int
+        function.argtypes = strided + [pointer] * 3 + strided + [int64] + [ctypes.c_int] * 6
     return library, None
 
 

@@ -127,8 +127,14 @@ def _ssog_mix_unchecked(
     grid_size: tuple[int, int],
     backend: str = "auto",
     local_tolerance: float = backends.LOCAL_TOLERANCE,
+    out: Tensor | None = None,
 ) -> Tensor:
-    """:func:`ssog_mix` without its argument checks, for callers whose shapes hold by construction."""
+    """:func:`ssog_mix` without its argument checks, for callers whose shapes hold by construction.
+
+    ``out``: an optional ``(B, H, N, d)`` destination (a view with contiguous features, not
+    overlapping ``v``) that the result is written into and returned as; the ``cpp`` kernels
+    write there directly, the layers pass a view of their output tokens to save two copies.
+    """
     steered = mu.dim() == 5
     backend = _forced.get() or backend
     if backend == "auto":
@@ -137,9 +143,23 @@ def _ssog_mix_unchecked(
         # A steered "dense" is from shapes alone: _steered still weighs the windowed path.
         backend = "auto" if steered and choice == "dense" else choice
     if backend == "cpp":  # float32 kernels of its own, outside autocast (not a torch op)
-        if steered:
-            return cpp_kernels.cpp_steered(v, mu, sigma, weight, grid_size)
-        return cpp_kernels.cpp_fixed(v, mu, sigma, weight, grid_size)
+        mix = cpp_kernels.cpp_steered if steered else cpp_kernels.cpp_fixed
+        return mix(v, mu, sigma, weight, grid_size, out=out)
+    mixed = _mix_in_pytorch(v, mu, sigma, weight, grid_size, steered, backend, local_tolerance)
+    return mixed if out is None else out.copy_(mixed)
+
+
+def _mix_in_pytorch(
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    steered: bool,
+    backend: str,
+    local_tolerance: float,
+) -> Tensor:
+    """The differentiable backends (and ``triton``), with kernels in fp32 (fp64 for fp64)."""
     mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
     # Kernels stay in fp32 under autocast; contractions run in the dtype of v.
     autocast_off = (

@@ -125,14 +125,24 @@ inline void gaussian_row(float centre, float sigma, float weight, int length, fl
 // Length rounded up to whole vectors.
 inline int padded(int length) { return (length + kLanes - 1) / kLanes * kLanes; }
 
+// Strides (floats) of a (batch, heads, tokens, dim) tensor whose features are contiguous: the
+// layers pass views of their (batch, tokens, heads, dim) projections, read and written in
+// place instead of copied to and from a contiguous (batch, heads, tokens, dim).
+struct Layout {
+  int64_t batch, head, token;
+  template <class T> T* item(T* base, int64_t item, int heads) const {
+    return base + (item / heads) * batch + (item % heads) * head;
+  }
+};
+
 // One tile of up to `kQueries` consecutive queries of one (batch, head) item:
 // out[q] = sum_j A[q, j] v[j] with A[q, (y, x)] = sum_r ky[q, r, y] kx[q, r, x], the kernels
 // built from the tile's parameters and A one key row at a time, all in L1. Rows along x are
 // padded with zeros to whole vectors (`stride`); a tile's missing queries have zero kernels.
 template <int kVectors, int kQueries>
-void steered_tile(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
-                  int64_t first_query, int queries, int rows, int cols, int atoms, float* scratch) {
-  constexpr int dim = kVectors * kLanes;
+void steered_tile(const float* v, int64_t v_token, const float* mu, const float* sigma, const float* weight,
+                  float* out, int64_t out_token, int64_t first_query, int queries, int rows, int cols, int atoms,
+                  float* scratch) {
   const int stride_y = padded(rows), stride = padded(cols);
   float* ky = scratch;                                 // (kQueries, atoms, stride_y)
   float* kx = ky + kQueries * atoms * stride_y;        // (kQueries, atoms, stride)
@@ -165,10 +175,10 @@ void steered_tile(const float* v, const float* mu, const float* sigma, const flo
         store(row_of_a + q * stride + i * kLanes, sum);
       }
     }
-    const float* v_row = v + static_cast<int64_t>(y) * cols * dim;
+    const float* v_row = v + static_cast<int64_t>(y) * cols * v_token;
     for (int x = x0; x < x1; ++x) {
       vec values[kVectors];
-      for (int c = 0; c < kVectors; ++c) values[c] = load(v_row + x * dim + c * kLanes);
+      for (int c = 0; c < kVectors; ++c) values[c] = load(v_row + x * v_token + c * kLanes);
       for (int q = 0; q < kQueries; ++q) {
         const float weight_a = row_of_a[q * stride + x];
         for (int c = 0; c < kVectors; ++c) acc[q][c] += weight_a * values[c];
@@ -176,14 +186,14 @@ void steered_tile(const float* v, const float* mu, const float* sigma, const flo
     }
   }
   for (int q = 0; q < queries; ++q)
-    for (int c = 0; c < kVectors; ++c) store(out + q * dim + c * kLanes, acc[q][c]);
+    for (int c = 0; c < kVectors; ++c) store(out + q * out_token + c * kLanes, acc[q][c]);
 }
 
 template <int kVectors>
-void steered_forward(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
-                     int64_t items, int rows, int cols, int atoms, int threads) {
+void steered_forward(const float* v, Layout v_layout, const float* mu, const float* sigma, const float* weight,
+                     float* out, Layout out_layout, int64_t items, int heads, int rows, int cols, int atoms,
+                     int threads) {
   constexpr int kQueries = sums_in_registers(kVectors, 8);
-  constexpr int dim = kVectors * kLanes;
   const int64_t n = static_cast<int64_t>(rows) * cols;
   const int64_t tiles = (n + kQueries - 1) / kQueries;
   parallel_for(items * tiles, threads, [&](int64_t task) {
@@ -192,10 +202,11 @@ void steered_forward(const float* v, const float* mu, const float* sigma, const 
     const int64_t item = task / tiles;
     const int64_t q0 = (task % tiles) * kQueries;
     const int count = static_cast<int>(std::min<int64_t>(kQueries, n - q0));
-    const int64_t query = item * n + q0;  // first (item, query) of the tile
-    steered_tile<kVectors, kQueries>(v + item * n * dim, mu + query * atoms * 2, sigma + query * atoms * 2,
-                                     weight + query * atoms, out + query * dim, q0, count, rows, cols, atoms,
-                                     scratch.data());
+    const int64_t query = item * n + q0;  // first (item, query) of the tile in the parameters
+    steered_tile<kVectors, kQueries>(v_layout.item(v, item, heads), v_layout.token, mu + query * atoms * 2,
+                                     sigma + query * atoms * 2, weight + query * atoms,
+                                     out_layout.item(out, item, heads) + q0 * out_layout.token, out_layout.token,
+                                     q0, count, rows, cols, atoms, scratch.data());
   });
 }
 
@@ -254,7 +265,8 @@ inline void union_of_spans(const int* spans, int count, int* first, int* end) {
 // for every atom into a (R, Wg, d) scratch (L1- or L2-sized), then
 // out[y', x'] = sum_(r, x) kx[r, x', x] m[r, x].
 template <int kVectors, int kAtomGroup, int kColumnGroup>
-void fixed_row(const float* v, const FixedKernels& k, int head, float* out, int out_row, float* mixed) {
+void fixed_row(const float* v, int64_t v_token, const FixedKernels& k, int head, float* out, int64_t out_token,
+               int out_row, float* mixed) {
   constexpr int dim = kVectors * kLanes;
   const int rows = k.rows, cols = k.cols;
   for (int r0 = 0; r0 < k.padded_atoms; r0 += kAtomGroup) {
@@ -272,7 +284,7 @@ void fixed_row(const float* v, const FixedKernels& k, int head, float* out, int 
       vec acc[kAtomGroup][kVectors] = {};
       for (int y = y0; y < y1; ++y) {
         vec values[kVectors];
-        const float* v_at = v + (static_cast<int64_t>(y) * cols + x) * dim;
+        const float* v_at = v + (static_cast<int64_t>(y) * cols + x) * v_token;
         for (int c = 0; c < kVectors; ++c) values[c] = load(v_at + c * kLanes);
         for (int r = 0; r < kAtomGroup; ++r)
           for (int c = 0; c < kVectors; ++c) acc[r][c] += ky_rows[r][y] * values[c];
@@ -297,13 +309,14 @@ void fixed_row(const float* v, const FixedKernels& k, int head, float* out, int 
     }
     for (int i = 0; i < std::min(kColumnGroup, cols - x0); ++i)
       for (int c = 0; c < kVectors; ++c)
-        store(out + (static_cast<int64_t>(out_row) * cols + x0 + i) * dim + c * kLanes, acc[i][c]);
+        store(out + (static_cast<int64_t>(out_row) * cols + x0 + i) * out_token + c * kLanes, acc[i][c]);
   }
 }
 
 template <int kVectors>
-void fixed_forward(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
-                   int64_t items, int heads, int rows, int cols, int atoms, int threads) {
+void fixed_forward(const float* v, Layout v_layout, const float* mu, const float* sigma, const float* weight,
+                   float* out, Layout out_layout, int64_t items, int heads, int rows, int cols, int atoms,
+                   int threads) {
   constexpr int dim = kVectors * kLanes;
   // Atoms contracted together along y, and output columns computed together along x: as many
   // as registers hold. Wider column groups read the y-mixed values fewer times; measured on
@@ -311,7 +324,6 @@ void fixed_forward(const float* v, const float* mu, const float* sigma, const fl
   constexpr int kAtomGroup = sums_in_registers(kVectors, 4);
   constexpr int kColumnGroup = std::max(1, std::min(8, (kRegisters - 4) / kVectors));
   const FixedKernels kernels(mu, sigma, weight, heads, atoms, rows, cols, kAtomGroup, kColumnGroup, threads);
-  const int64_t n = static_cast<int64_t>(rows) * cols;
   // Tasks of whole query rows, about 16 per thread: few enough that handing them out costs
   // nothing, enough that a thread slowed by another process hands its share to the others.
   const int64_t per_task = std::max<int64_t>(1, std::min<int64_t>(rows, items * rows / (16 * std::max(threads, 1))));
@@ -323,8 +335,9 @@ void fixed_forward(const float* v, const float* mu, const float* sigma, const fl
     const int y0 = static_cast<int>((task % blocks) * per_task);
     const int y1 = static_cast<int>(std::min<int64_t>(rows, y0 + per_task));
     for (int y = y0; y < y1; ++y)
-      fixed_row<kVectors, kAtomGroup, kColumnGroup>(v + item * n * dim, kernels, static_cast<int>(item % heads), out + item * n * dim, y,
-                          mixed.data());
+      fixed_row<kVectors, kAtomGroup, kColumnGroup>(v_layout.item(v, item, heads), v_layout.token, kernels,
+                                                    static_cast<int>(item % heads), out_layout.item(out, item, heads),
+                                                    out_layout.token, y, mixed.data());
   });
 }
 
@@ -355,22 +368,29 @@ struct Fixed {
 
 extern "C" {
 
-// Head dimensions the kernels take: multiples of the vector width up to 8 vectors.
+// Floats per vector: head dimensions of 1, 2, 3, 4, 6 or 8 vectors are taken.
 int ssog_lanes() { return kLanes; }
 
-// Steered mixing. v, out: (items, rows * cols, dim); mu, sigma: (items, rows * cols, atoms, 2)
-// as (y, x), tokens; weight: (items, rows * cols, atoms). Returns 0, or 1 for an unsupported dim.
-int ssog_steered_forward(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
-                         int64_t items, int rows, int cols, int atoms, int dim, int threads) {
-  return dispatch<Steered>(dim, v, mu, sigma, weight, out, items, rows, cols, atoms, threads);
+// The strides of v and out (floats): batch, head, token; their features are contiguous.
+// Steered mixing. v, out: (batch, heads, rows * cols, dim) with those strides; mu, sigma:
+// contiguous (batch, heads, rows * cols, atoms, 2) as (y, x), tokens; weight: contiguous
+// (batch, heads, rows * cols, atoms). Returns 0, or 1 for an unsupported dim.
+int ssog_steered_forward(const float* v, int64_t v_batch, int64_t v_head, int64_t v_token, const float* mu,
+                         const float* sigma, const float* weight, float* out, int64_t out_batch, int64_t out_head,
+                         int64_t out_token, int64_t batch, int heads, int rows, int cols, int atoms, int dim,
+                         int threads) {
+  return dispatch<Steered>(dim, v, Layout{v_batch, v_head, v_token}, mu, sigma, weight, out,
+                           Layout{out_batch, out_head, out_token}, batch * heads, heads, rows, cols, atoms, threads);
 }
 
-// Fixed separable mixing. v, out: (items, rows * cols, dim) with items = batch * heads;
-// mu, sigma: (heads, atoms, 2) as (y, x), tokens; weight: (heads, atoms). Returns 0, or 1 for
-// an unsupported dim.
-int ssog_fixed_forward(const float* v, const float* mu, const float* sigma, const float* weight, float* out,
-                       int64_t items, int heads, int rows, int cols, int atoms, int dim, int threads) {
-  return dispatch<Fixed>(dim, v, mu, sigma, weight, out, items, heads, rows, cols, atoms, threads);
+// Fixed separable mixing. v, out as above; mu, sigma: contiguous (heads, atoms, 2) as (y, x),
+// tokens; weight: contiguous (heads, atoms). Returns 0, or 1 for an unsupported dim.
+int ssog_fixed_forward(const float* v, int64_t v_batch, int64_t v_head, int64_t v_token, const float* mu,
+                       const float* sigma, const float* weight, float* out, int64_t out_batch, int64_t out_head,
+                       int64_t out_token, int64_t batch, int heads, int rows, int cols, int atoms, int dim,
+                       int threads) {
+  return dispatch<Fixed>(dim, v, Layout{v_batch, v_head, v_token}, mu, sigma, weight, out,
+                         Layout{out_batch, out_head, out_token}, batch * heads, heads, rows, cols, atoms, threads);
 }
 
 }  // extern "C"
