@@ -62,6 +62,11 @@ def environment(device: torch.device, dtype: str) -> dict[str, Any]:
         "interop_threads": torch.get_num_interop_threads(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if device.type == "cpu":
+        from ..ops import cpp_kernels
+
+        # Whether auto could take the fused CPU kernels (and why not): inference speeds differ.
+        env["cpp_backend"] = "available" if cpp_kernels.available() else cpp_kernels.unavailable_reason()
     if hasattr(os, "getloadavg"):
         # The 1-minute load average before the run: other processes sharing the CPU.
         env["load_average_1min"] = round(os.getloadavg()[0], 2)
