@@ -77,11 +77,13 @@ def test_is_out_of_memory():
     assert not is_out_of_memory(ValueError("out of memory"))
 
 
-def test_time_interleaved_alternates_callables():
+def test_time_interleaved_alternates_callables_in_rotating_order():
     order = []
-    stats = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, iters=3)
-    assert order == ["a", "b"] + ["a", "b"] * 3
-    assert {name: len(s.samples) for name, s in stats.items()} == {"a": 3, "b": 3}
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    stats = time_interleaved(fns, warmup=1, iters=4)
+    # warmup, then one call of each per round, each round starting one further along
+    assert order == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert {name: len(s.samples) for name, s in stats.items()} == {"a": 4, "b": 4, "c": 4}
 
 
 # --------------------------------------------------------------------- sweep

@@ -93,6 +93,13 @@ def time_callable(
     return time_interleaved({"fn": fn}, device=device, warmup=warmup, iters=iters)["fn"]
 
 
+def _rotated(fns: Mapping[str, Callable[[], Any]], shift: int) -> list[tuple[str, Callable[[], Any]]]:
+    """``fns``' items in their order rotated left by ``shift``."""
+    items = list(fns.items())
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
 def time_interleaved(
     fns: Mapping[str, Callable[[], Any]],
     *,
@@ -104,7 +111,11 @@ def time_interleaved(
 
     Each callable is first called ``warmup`` times untimed. Interleaving makes a ratio of
     two timings robust to a machine whose speed drifts during the measurement (other
-    processes on a shared CPU, clock boost): a slow phase hits every callable alike.
+    processes on a shared CPU, clock boost): a slow phase hits every callable alike. The
+    order rotates by one each round, so that no callable always runs right after the same
+    one: a call after a large one pays for its evicted caches and, on a CPU, for memory it
+    freed that the allocator maps back page by page (after fused attention at 48x48 tokens,
+    the next operator measured up to 2x slower, docs/results/operator.md).
     """
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -121,7 +132,7 @@ def time_interleaved(
             for name in fns
         }
         for i in range(iters):
-            for name, fn in fns.items():
+            for name, fn in _rotated(fns, i):
                 start, end = events[name][i]
                 start.record()
                 fn()
@@ -132,8 +143,8 @@ def time_interleaved(
             for name, pairs in events.items()
         }
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
+    for i in range(iters):
+        for name, fn in _rotated(fns, i):
             begin = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - begin)
