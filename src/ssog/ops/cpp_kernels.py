@@ -7,7 +7,7 @@ multiply-adds per head. Steered kernels: every query's row of ``A`` built in L1 
 kernels and applied at once, ``N (R + d)`` per query.
 
 The library is compiled on first use with the machine's C++ compiler (``$CXX`` or ``c++``,
-``-O3 -march=native``, a few seconds) into ``$SSOG_CACHE_DIR`` (default
+``FLAGS``, a few seconds) into ``$SSOG_CACHE_DIR`` (default
 ``~/.cache/ssog``), keyed by the source, the compiler and the CPU, and loaded with ctypes: a
 plain C ABI needs no torch headers, which would make the build take a minute, nor a build
 step at install time (an editable or wheel install works the same). Without a compiler, or
@@ -77,7 +77,7 @@ def cpp_fixed(
     ``gaussian_rows`` formula). Returns ``(B, H, N, d)``: ``out`` if given (same rules as
     ``v``, written in place), else a new tensor.
     """
-    return _mix("ssog_fixed_forward", v, mu, sigma, weight, grid_size, out)
+    return _mix(False, v, mu, sigma, weight, grid_size, out)
 
 
 def cpp_steered(
@@ -88,11 +88,11 @@ def cpp_steered(
     ``v`` and ``out`` as in :func:`cpp_fixed`; ``mu, sigma (B, H, N, R, 2)`` as ``(y, x)`` in
     tokens, ``weight (B, H, N, R)``. The library builds each query's 1-D kernels itself.
     """
-    return _mix("ssog_steered_forward", v, mu, sigma, weight, grid_size, out)
+    return _mix(True, v, mu, sigma, weight, grid_size, out)
 
 
 def _mix(
-    name: str, v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None
+    steered: bool, v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None
 ) -> Tensor:
     _check(v, mu, sigma, weight)
     batch, heads, _, dim = v.shape
@@ -105,12 +105,12 @@ def _mix(
         raise ValueError(f"out must be float32 {tuple(v.shape)} with contiguous features, got {out.dtype} "
                          f"{tuple(out.shape)} with strides {out.stride()}")
     mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
-    status = getattr(_library()[0], name)(
-        v.data_ptr(), *v.stride()[:3], mu.data_ptr(), sigma.data_ptr(), weight.data_ptr(),
+    status = _library()[0].ssog_mix_forward(
+        steered, v.data_ptr(), *v.stride()[:3], mu.data_ptr(), sigma.data_ptr(), weight.data_ptr(),
         out.data_ptr(), *out.stride()[:3], batch, heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
     )
     if status != 0:  # supports() admits only what the library takes
-        raise RuntimeError(f"{name} rejected its arguments (status {status})")
+        raise RuntimeError(f"ssog_mix_forward rejected its arguments (status {status})")
     return out
 
 
@@ -137,15 +137,13 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     except (OSError, subprocess.SubprocessError, RuntimeError) as error:
         logger.info("ssog: the cpp backend is not available (%s); auto uses the PyTorch backends", error)
         return None, str(error)
-    int64 = ctypes.c_int64
-    pointer = ctypes.c_void_p
-    library.ssog_lanes.restype = ctypes.c_int
+    int32, int64, pointer = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    library.ssog_lanes.restype = int32
     library.ssog_lanes.argtypes = []
     strided = [pointer, int64, int64, int64]  # data, batch / head / token strides
-    for name in ("ssog_steered_forward", "ssog_fixed_forward"):
-        function = getattr(library, name)
-        function.restype = ctypes.c_int
-        function.argtypes = strided + [pointer] * 3 + strided + [int64] + [ctypes.c_int] * 6
+    library.ssog_mix_forward.restype = int32
+    # steered; v; mu, sigma, weight; out; batch; heads, rows, cols, atoms, dim, threads
+    library.ssog_mix_forward.argtypes = [int32] + strided + [pointer] * 3 + strided + [int64] + [int32] * 6
     return library, None
 
 

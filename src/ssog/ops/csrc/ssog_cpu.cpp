@@ -1,8 +1,10 @@
-// Fused CPU kernels of the SSoG operator (the `cpp` backend), float32.
+// Fused CPU kernels of the SSoG operator (the `cpp` backend), float32, forward only.
 //
 // Built by ssog/ops/cpp_kernels.py with the machine's C++ compiler on first use and called
 // through ctypes: a plain C ABI, no torch headers, so it compiles in seconds and does not
-// depend on the torch version. Every tensor is contiguous float32; shapes are in the comments.
+// depend on the torch version. Values and outputs are float32 with contiguous features and
+// any batch, head and token strides; mixture parameters are contiguous. Shapes are in the
+// comments of the two entry points at the end.
 //
 // Both kernels keep their running sums in vector registers and never write an intermediate
 // larger than a few KiB, so the workspace is the output alone, and each call is one OpenMP
@@ -12,9 +14,10 @@
 //
 // Kernel rows are ssog.ops.kernels.gaussian_rows, built here (gaussian_row below) from the
 // mixture parameters: in PyTorch a steered query's rows cost as much to build as to apply,
-// and a fixed layer's take longer than mixing a 14x14 grid. Their tails are clamped at eps^2 of the peak (eps of float32);
-// keys where every kernel of a tile is at that floor are skipped: what they would add is
-// below 2^-46 of the output's scale, under float32's resolution.
+// and a fixed layer's take longer than mixing a 14x14 grid. Their tails are clamped at eps^2
+// of the peak (eps of float32); keys where every kernel of a tile is at that floor are
+// skipped: what they would add is below 2^-46 of the output's scale, under float32's
+// resolution.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -374,26 +377,21 @@ extern "C" {
 // Floats per vector: head dimensions of 1, 2, 3, 4, 6 or 8 vectors are taken.
 int ssog_lanes() { return kLanes; }
 
-// The strides of v and out (floats): batch, head, token; their features are contiguous.
-// Steered mixing. v, out: (batch, heads, rows * cols, dim) with those strides; mu, sigma:
-// contiguous (batch, heads, rows * cols, atoms, 2) as (y, x), tokens; weight: contiguous
-// (batch, heads, rows * cols, atoms). Returns 0, or 1 for an unsupported dim.
-int ssog_steered_forward(const float* v, int64_t v_batch, int64_t v_head, int64_t v_token, const float* mu,
-                         const float* sigma, const float* weight, float* out, int64_t out_batch, int64_t out_head,
-                         int64_t out_token, int64_t batch, int heads, int rows, int cols, int atoms, int dim,
-                         int threads) {
-  return dispatch<Steered>(dim, v, Layout{v_batch, v_head, v_token}, mu, sigma, weight, out,
-                           Layout{out_batch, out_head, out_token}, batch * heads, heads, rows, cols, atoms, threads);
-}
-
-// Fixed separable mixing. v, out as above; mu, sigma: contiguous (heads, atoms, 2) as (y, x),
-// tokens; weight: contiguous (heads, atoms). Returns 0, or 1 for an unsupported dim.
-int ssog_fixed_forward(const float* v, int64_t v_batch, int64_t v_head, int64_t v_token, const float* mu,
-                       const float* sigma, const float* weight, float* out, int64_t out_batch, int64_t out_head,
-                       int64_t out_token, int64_t batch, int heads, int rows, int cols, int atoms, int dim,
-                       int threads) {
-  return dispatch<Fixed>(dim, v, Layout{v_batch, v_head, v_token}, mu, sigma, weight, out,
-                         Layout{out_batch, out_head, out_token}, batch * heads, heads, rows, cols, atoms, threads);
+// out = A v for every (batch, head) item. v, out: (batch, heads, rows * cols, dim) float32
+// with features contiguous and the given batch, head and token strides (floats). Steered
+// (steered != 0): mu, sigma contiguous (batch, heads, rows * cols, atoms, 2) as (y, x) in
+// tokens, weight (batch, heads, rows * cols, atoms). Fixed: mu, sigma (heads, atoms, 2),
+// weight (heads, atoms). Returns 0, or 1 for an unsupported dim.
+int ssog_mix_forward(int steered, const float* v, int64_t v_batch, int64_t v_head, int64_t v_token,
+                     const float* mu, const float* sigma, const float* weight, float* out, int64_t out_batch,
+                     int64_t out_head, int64_t out_token, int64_t batch, int heads, int rows, int cols, int atoms,
+                     int dim, int threads) {
+  const Layout v_layout{v_batch, v_head, v_token}, out_layout{out_batch, out_head, out_token};
+  if (steered)
+    return dispatch<Steered>(dim, v, v_layout, mu, sigma, weight, out, out_layout, batch * heads, heads, rows,
+                             cols, atoms, threads);
+  return dispatch<Fixed>(dim, v, v_layout, mu, sigma, weight, out, out_layout, batch * heads, heads, rows, cols,
+                         atoms, threads);
 }
 
 }  // extern "C"
