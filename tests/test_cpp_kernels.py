@@ -166,3 +166,16 @@ def test_layer_without_gradients_matches_its_training_path(steer):
     for no_gradients in (torch.no_grad, torch.inference_mode):
         with no_gradients():
             torch.testing.assert_close(layer(x, (6, 6)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_fixed_kernels_follow_changed_parameters():
+    """The library keeps the kernels of recent parameters; changed ones (even in place, at the
+    same address) must never meet stale kernels."""
+    grid, n = (6, 5), 30
+    mu, sigma, weight = (t.float() for t in params(None, 2, n, 3, seed=6))
+    v = torch.randn(2, 2, n, LANES)
+    for _ in range(3):
+        out = ssog_mix(v, mu, sigma, weight, grid, backend="cpp")
+        torch.testing.assert_close(out, ssog_matrix(mu, sigma, weight, grid) @ v, rtol=1e-5, atol=1e-5)
+        mu.add_(0.25)  # an optimizer step, in place
+        sigma[0, 0, 1] *= 1.5
