@@ -77,13 +77,17 @@ def test_is_out_of_memory():
     assert not is_out_of_memory(ValueError("out of memory"))
 
 
-def test_time_interleaved_alternates_callables_in_rotating_order():
+def test_time_interleaved_runs_each_callable_once_a_round_after_varying_predecessors():
     order = []
-    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
-    stats = time_interleaved(fns, warmup=1, iters=4)
-    # warmup, then one call of each per round, each round starting one further along
-    assert order == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
-    assert {name: len(s.samples) for name, s in stats.items()} == {"a": 4, "b": 4, "c": 4}
+    fns = {name: (lambda name=name: order.append(name)) for name in "abcd"}
+    stats = time_interleaved(fns, warmup=1, iters=40)
+    assert order[:8] == list("abcd") * 2  # warmup, then the first round in the given order
+    rounds = [order[i : i + 4] for i in range(4, len(order), 4)]
+    assert len(rounds) == 40 and all(sorted(r) == list("abcd") for r in rounds)
+    timed = order[4:]
+    # who ran right before "b": every other callable, not always "a" (a rotated order would)
+    assert {timed[i - 1] for i in range(1, len(timed)) if timed[i] == "b"} >= set("acd")
+    assert {name: len(s.samples) for name, s in stats.items()} == {name: 40 for name in "abcd"}
 
 
 # --------------------------------------------------------------------- sweep

@@ -7,6 +7,7 @@ call, i.e. the device time of the work it queued; on CPU it is ``time.perf_count
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -93,11 +94,18 @@ def time_callable(
     return time_interleaved({"fn": fn}, device=device, warmup=warmup, iters=iters)["fn"]
 
 
-def _rotated(fns: Mapping[str, Callable[[], Any]], shift: int) -> list[tuple[str, Callable[[], Any]]]:
-    """``fns``' items in their order rotated left by ``shift``."""
+def _round_orders(fns: Mapping[str, Callable[[], Any]], rounds: int) -> list[list[tuple[str, Callable[[], Any]]]]:
+    """One order of ``fns``' items per round: the given order first, then seeded shuffles,
+    so that every callable follows every other one about equally often (rotating one order
+    would keep each callable's predecessor the same in every round)."""
     items = list(fns.items())
-    shift %= len(items)
-    return items[shift:] + items[:shift]
+    shuffler = random.Random(0)
+    orders = [items]
+    for _ in range(rounds - 1):
+        order = items[:]
+        shuffler.shuffle(order)
+        orders.append(order)
+    return orders
 
 
 def time_interleaved(
@@ -112,10 +120,11 @@ def time_interleaved(
     Each callable is first called ``warmup`` times untimed. Interleaving makes a ratio of
     two timings robust to a machine whose speed drifts during the measurement (other
     processes on a shared CPU, clock boost): a slow phase hits every callable alike. The
-    order rotates by one each round, so that no callable always runs right after the same
-    one: a call after a large one pays for its evicted caches and, on a CPU, for memory it
-    freed that the allocator maps back page by page (after fused attention at 48x48 tokens,
-    the next operator measured up to 2x slower, docs/results/operator.md).
+    order changes from round to round (:func:`_round_orders`), so that no callable always
+    runs right after the same one: a call after a large one pays for its evicted caches and,
+    on a CPU, for memory it freed that the allocator maps back page by page (after fused
+    attention at 48x48 tokens, the next operator measured up to 2x slower,
+    docs/results/operator.md).
     """
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -131,8 +140,8 @@ def time_interleaved(
             name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
             for name in fns
         }
-        for i in range(iters):
-            for name, fn in _rotated(fns, i):
+        for i, order in enumerate(_round_orders(fns, iters)):
+            for name, fn in order:
                 start, end = events[name][i]
                 start.record()
                 fn()
@@ -143,8 +152,8 @@ def time_interleaved(
             for name, pairs in events.items()
         }
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(iters):
-        for name, fn in _rotated(fns, i):
+    for order in _round_orders(fns, iters):
+        for name, fn in order:
             begin = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - begin)
