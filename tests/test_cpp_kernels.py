@@ -105,10 +105,12 @@ def test_cpp_refuses_what_it_cannot_compute(v, requires_grad, message):
 def fresh_library(monkeypatch, tmp_path):
     """The library's loader with an empty cache; restored (and reloaded) afterwards."""
     monkeypatch.setenv("SSOG_CACHE_DIR", str(tmp_path))
-    cpp_kernels._library.cache_clear()
+    for cached in (cpp_kernels._library, cpp_kernels._head_dims):
+        cached.cache_clear()
     yield tmp_path
     monkeypatch.undo()
-    cpp_kernels._library.cache_clear()
+    for cached in (cpp_kernels._library, cpp_kernels._head_dims):
+        cached.cache_clear()
 
 
 def test_without_a_compiler_auto_falls_back(fresh_library, monkeypatch):
@@ -135,7 +137,7 @@ def test_build_is_cached_and_leaves_no_partial_files(fresh_library):
     built = sorted(p.name for p in fresh_library.iterdir())
     assert len(built) == 1 and built[0].startswith("ssog_cpu-") and built[0].endswith(".so")
     stamp = (fresh_library / built[0]).stat().st_mtime_ns
-    cpp_kernels._library.cache_clear()
+    cpp_kernels._library.cache_clear()  # a new process, as far as the loader is concerned
     assert cpp_kernels.available()
     assert (fresh_library / built[0]).stat().st_mtime_ns == stamp  # loaded, not rebuilt
 

@@ -60,10 +60,16 @@ def takes(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernels take values of this device, dtype and head dimension: float32 on
     the CPU, a head dimension of 1, 2, 3, 4, 6 or 8 vectors (16 floats with AVX-512, else 8),
     outside ``torch.compile``. (Callers keep them out of autograd: they compute forward only.)"""
-    if device.type != "cpu" or dtype != torch.float32 or torch.compiler.is_compiling() or not available():
+    if device.type != "cpu" or dtype != torch.float32 or torch.compiler.is_compiling():
         return False
-    lanes = _library()[0].ssog_lanes()
-    return head_dim % lanes == 0 and head_dim // lanes in (1, 2, 3, 4, 6, 8)
+    return head_dim in _head_dims()
+
+
+@functools.cache
+def _head_dims() -> frozenset[int]:
+    """The head dimensions the library takes (none where it is not available)."""
+    library = _library()[0]
+    return frozenset() if library is None else frozenset(library.ssog_lanes() * k for k in (1, 2, 3, 4, 6, 8))
 
 
 def cpp_fixed(
