@@ -119,7 +119,6 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
             continue  # CUDA only (docs/operator.md)
         if backend == "cpp" and (backward or not cpp_kernels.takes(device, dtype, config.head_dim)):
             continue  # forward only, float32 on a CPU where it could be built
-
         calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
     return calls
 

@@ -112,12 +112,8 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
     # kernel dtype holds the squared distances (NaN fails every comparison). The checks below
     # only run to say what is wrong.
     reach = (lengths + offset.to(dtype)) / sigma.to(dtype)
-    valid = (
-        ((reach > 0) & (reach < math.sqrt(torch.finfo(dtype).max))).all()
-        & (offset <= MAX_CENTRE_OFFSET).all()
-        & torch.isfinite(weight).all()
-    )
-    if bool(valid):
+    reach_held = (reach > 0) & (reach < math.sqrt(torch.finfo(dtype).max))
+    if bool(reach_held.all() & (offset <= MAX_CENTRE_OFFSET).all() & torch.isfinite(weight).all()):
         return
     for name, tensor in (("mu", mu), ("sigma", sigma), ("weight", weight)):
         if not bool(torch.isfinite(tensor).all()):
@@ -128,9 +124,9 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
     if not bool((offset <= MAX_CENTRE_OFFSET).all()):
         raise ValueError(f"|mu| must be <= 2^20 tokens (float32 cannot place a kernel further out), got "
                          f"{_first_bad(mu, offset <= MAX_CENTRE_OFFSET)}")
-    held = torch.isfinite(reach.square())
+    # What is left: a reach whose square overflows the kernel dtype.
     raise ValueError(f"sigma is too small for its centre: ((grid + |mu|) / sigma)^2 overflows {dtype}, got "
-                     f"sigma {_first_bad(sigma, held)}")
+                     f"sigma {_first_bad(sigma, reach_held)}")
 
 
 def _first_bad(tensor: Tensor, ok: Tensor) -> str:
