@@ -181,3 +181,15 @@ def test_cached_fixed_kernels_follow_changed_parameters():
         torch.testing.assert_close(out, ssog_matrix(mu, sigma, weight, grid) @ v, rtol=1e-5, atol=1e-5)
         mu.add_(0.25)  # an optimizer step, in place
         sigma[0, 0, 1] *= 1.5
+
+
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_on_several_threads_matches_one(steered):
+    """The tests run torch on one thread, where the library runs its loops serially; this one
+    runs them on OpenMP threads too (work handed out in small pieces)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        check_against_definition(2, 3, (9, 7), LANES, 3, steered, seed=11)
+    finally:
+        torch.set_num_threads(threads)

@@ -53,8 +53,14 @@ inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
 
 // Runs body(i) for i in [0, count) on `threads` threads, handing out items one at a time so
 // that a core slowed by another process takes fewer.
+// One thread runs the loop without entering OpenMP, as torch's own parallel_for does (its
+// DataLoader workers, forked processes, run on one thread).
 template <class Body>
 void parallel_for(int64_t count, int threads, Body body) {
+  if (threads <= 1 || count <= 1) {
+    for (int64_t i = 0; i < count; ++i) body(i);
+    return;
+  }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < count; ++i) body(i);
 }
