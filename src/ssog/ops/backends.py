@@ -265,9 +265,15 @@ def _recompute_in_backward(*tensors: Tensor) -> bool:
     them) is active, since those do not support the saved-tensor hooks checkpointing uses."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         return False
-    if torch.compiler.is_compiling():  # traced tensors are never functorch-wrapped
-        return True
-    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+    return not functorch_wrapped(*tensors)
+
+
+def functorch_wrapped(*tensors: Tensor) -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``vjp``, ``jacrev``, ...) wraps any of
+    ``tensors`` (never while ``torch.compile`` traces)."""
+    if torch.compiler.is_compiling():
+        return False
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def _checkpointed(fn, *args, several: bool) -> Tensor:

@@ -295,9 +295,7 @@ def _differentiated(*tensors: Tensor) -> bool:
     kernels, which read raw memory, must not run."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return True
-    return not torch.compiler.is_compiling() and any(
-        torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors
-    )
+    return backends.functorch_wrapped(*tensors)
 
 
 def _debug(message: str, *args: object) -> None:
