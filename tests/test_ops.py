@@ -5,10 +5,12 @@ import math
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from ssog.ops import choose_backend, forced_backend, gaussian_rows, ssog_matrix, ssog_mix
+from ssog.ops.checks import _in_range
 
 GRIDS = [(5, 7), (4, 4), (1, 6), (6, 1)]
 FIXED_BACKENDS = ["dense", "separable", "local", "auto"]
@@ -429,6 +431,18 @@ def test_matrix_refuses_non_finite_and_out_of_range_parameters(name, override, m
     args.update(override)
     with pytest.raises(ValueError, match=re.escape(message)):
         ssog_matrix(args["mu"], args["sigma"], args["weight"], (4, 5))
+
+
+@pytest.mark.parametrize("name,override,message", BAD_INPUTS[-6:-1], ids=[b[0] for b in BAD_INPUTS[-6:-1]])
+def test_value_checks_agree_on_torch_tensors_and_numpy_arrays(name, override, message):
+    """CPU parameters are checked as NumPy arrays, others (CUDA, torch.func, compile) as
+    tensors: the one expression must refuse the same values either way."""
+    args = dict(mu=torch.zeros(2, 3, 2), sigma=torch.ones(2, 3, 2), weight=torch.ones(2, 3) / 3)
+    largest = torch.finfo(torch.float32).max
+    for values, verdict in ((args, True), ({**args, **override}, False)):
+        tensors = [values[k] for k in ("mu", "sigma", "weight")]
+        assert _in_range(*tensors, torch.tensor([4.0, 5.0]), largest) is verdict
+        assert _in_range(*(t.numpy() for t in tensors), np.array([4.0, 5.0], np.float32), largest) is verdict
 
 
 def test_the_largest_accepted_centre_gives_finite_kernels():

@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .backends import functorch_wrapped
 from .kernels import kernel_dtype
 
 __all__ = [
@@ -105,16 +107,9 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
     if mu.device.type == "meta":
         return
     dtype = kernel_dtype(torch.promote_types(mu.dtype, sigma.dtype))
-    lengths = torch.tensor(grid_size, dtype=dtype, device=mu.device)
-    offset = mu.abs()
-    # One pass for valid parameters, whose cost matters on small grids: (L + |mu|) / sigma is
-    # positive and its square finite exactly when sigma > 0 is finite, mu is finite and the
-    # kernel dtype holds the squared distances (NaN fails every comparison). The checks below
-    # only run to say what is wrong.
-    reach = (lengths + offset.to(dtype)) / sigma.to(dtype)
-    reach_held = (reach > 0) & (reach < math.sqrt(torch.finfo(dtype).max))
-    if bool(reach_held.all() & (offset <= MAX_CENTRE_OFFSET).all() & torch.isfinite(weight).all()):
+    if _parameters_valid(mu, sigma, weight, grid_size, dtype):
         return
+    offset = mu.abs()
     for name, tensor in (("mu", mu), ("sigma", sigma), ("weight", weight)):
         if not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{name} must be finite everywhere, got {_first_bad(tensor, torch.isfinite(tensor))}")
@@ -125,8 +120,40 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
         raise ValueError(f"|mu| must be <= 2^20 tokens (float32 cannot place a kernel further out), got "
                          f"{_first_bad(mu, offset <= MAX_CENTRE_OFFSET)}")
     # What is left: a reach whose square overflows the kernel dtype.
+    reach = (torch.tensor(grid_size, dtype=dtype, device=mu.device) + offset.to(dtype)) / sigma.to(dtype)
     raise ValueError(f"sigma is too small for its centre: ((grid + |mu|) / sigma)^2 overflows {dtype}, got "
-                     f"sigma {_first_bad(sigma, reach_held)}")
+                     f"sigma {_first_bad(sigma, reach < math.sqrt(torch.finfo(dtype).max))}")
+
+
+def _parameters_valid(
+    mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], dtype: torch.dtype
+) -> bool:
+    """The whole of :func:`check_parameter_values` for valid parameters, in one pass
+    (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays: a dozen torch calls on
+    a few dozen numbers took 60-170 us, a fifth of a whole 14x14 mixing with the ``cpp``
+    kernels, and NumPy's take a third of that."""
+    if mu.device.type == "cpu" and not torch.compiler.is_compiling() and not functorch_wrapped(mu, sigma, weight):
+        mu, sigma, weight = (t.detach().to(dtype).numpy() for t in (mu, sigma, weight))
+        lengths = np.asarray(grid_size, dtype=mu.dtype)
+    else:
+        mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
+        lengths = torch.tensor(grid_size, dtype=dtype, device=mu.device)
+    return _in_range(mu, sigma, weight, lengths, torch.finfo(dtype).max)
+
+
+def _in_range(mu: Tensor, sigma: Tensor, weight: Tensor, lengths: Tensor, largest: float) -> bool:
+    """Whether parameters (torch tensors or NumPy arrays, the same operators on either) pass
+    every value check: ``(L + |mu|) / sigma`` is positive and its square below ``largest``
+    exactly when ``sigma > 0`` is finite, ``mu`` is finite and the squared distances are
+    held; NaN fails every comparison."""
+    with np.errstate(all="ignore"):  # overflow and NaN are what the comparisons look for
+        offset = abs(mu)
+        reach = (lengths + offset) / sigma
+        return bool(
+            ((reach > 0) & (reach < math.sqrt(largest))).all()
+            & (offset <= MAX_CENTRE_OFFSET).all()
+            & (abs(weight) <= largest).all()
+        )
 
 
 def _first_bad(tensor: Tensor, ok: Tensor) -> str:
