@@ -9,7 +9,7 @@ import torch
 from ssog.bench import is_out_of_memory, peak_memory, tensor_bytes, time_callable, time_interleaved
 from ssog.bench.plots import plot_results
 from ssog.bench.report import comparison_table, paired_points
-from ssog.bench.results import BenchResults
+from ssog.bench.results import BenchResults, environment
 from ssog.bench.sweep import SweepConfig, _groups, model_name, run_model_sweep
 from ssog.bench.timing import TimingStats, quartiles, resolve_device
 from ssog.cli import main
@@ -154,6 +154,12 @@ def test_results_files_round_trip(sweep_results, tmp_path):
     assert env["device"] == "cpu" and env["dtype"] == "fp32"
     assert env["torch"] == torch.__version__ and env["threads"] == 1  # conftest's one torch thread
     assert loaded.config["resolutions"] == [4, 8]
+
+
+def test_environment_records_how_openmp_threads_wait(monkeypatch):
+    monkeypatch.setenv("GOMP_SPINCOUNT", "123")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert environment(torch.device("cpu"), "fp32")["openmp_wait"] == {"GOMP_SPINCOUNT": "123"}
 
 
 def _oom_after(tokens: int, error: Exception, calls: list):

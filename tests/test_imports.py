@@ -3,6 +3,7 @@ imported first; each case runs in a fresh interpreter, since imports are process
 (That ``import ssog.ops`` needs torch alone is tests/test_ops.py's.)"""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -18,3 +19,28 @@ def test_import_registers_models_without_loading_timm_for_the_operator(code, exp
     result = run_child([sys.executable, "-c", code], 300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected
+
+
+SPIN_COUNT_AT_TORCH_IMPORT = """
+import os, sys
+seen = []
+sys.addaudithook(lambda event, args: event == "import" and args[0] == "torch" and not seen
+                 and seen.append(os.environ.get("GOMP_SPINCOUNT")))
+from ssog.cli import main
+main(["info", "ssog_vit_micro_patch1_8", "--json"])
+print("spin count when torch loaded:", seen)
+"""
+
+
+@pytest.mark.parametrize("environment,expected", [
+    ({}, ["1000"]),
+    ({"GOMP_SPINCOUNT": "7"}, ["7"]),
+    ({"OMP_WAIT_POLICY": "active"}, [None]),
+])
+def test_the_command_line_limits_openmp_spinning_before_torch_loads(environment, expected, run_child):
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the command line's default
+    must be in place by then, and a choice of the user's must be left alone."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    result = run_child([sys.executable, "-c", SPIN_COUNT_AT_TORCH_IMPORT], 300, env={**env, **environment})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == f"spin count when torch loaded: {expected}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from typing import Sequence
@@ -24,6 +25,25 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+#: libgomp (the OpenMP runtime of torch's Linux wheels) lets a thread that reaches a barrier
+#: first spin for 300,000 pauses, 10-20 ms on recent x86, before it sleeps. Beside another
+#: busy process that spin holds the core the late thread needs, at every operator call: with
+#: a one-thread training beside it on 2 cores, a small ViT's inference fell from 24 to 4-5
+#: images/s (MHA and SSoG alike, their ratio swinging 0.9-1.2x). With 1,000, the count
+#: libgomp itself takes when a process has more threads than cores, it ran at 12-14 images/s
+#: there and at the same speed as before on a quiet machine (docs/results/scaling.md). As
+#: torchrun sets OMP_NUM_THREADS for its workers, the command line sets this default for
+#: its own process; it must be set before torch loads the runtime.
+OPENMP_SPIN_COUNT = "1000"
+
+
+def limit_openmp_spinning() -> None:
+    """Set ``GOMP_SPINCOUNT`` to :data:`OPENMP_SPIN_COUNT` unless the user chose a spin count
+    or an ``OMP_WAIT_POLICY``. Takes effect only if torch is not imported yet."""
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssog",
@@ -36,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    limit_openmp_spinning()  # before the sub-commands import torch
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
