@@ -445,6 +445,22 @@ def test_value_checks_agree_on_torch_tensors_and_numpy_arrays(name, override, me
         assert _in_range(*(t.numpy() for t in tensors), np.array([4.0, 5.0], np.float32), largest) is verdict
 
 
+def test_value_checks_see_in_place_changes_of_parameters_checked_before():
+    """Small parameter sets are checked once per content: a change that bumps no version
+    counter (through ``.data``) must still be refused."""
+    v, mu, sigma, weight = torch.randn(1, 2, 20, 8), torch.zeros(2, 3, 2), torch.ones(2, 3, 2), torch.ones(2, 3) / 3
+    for _ in range(2):
+        ssog_mix(v, mu, sigma, weight, (4, 5))
+    sigma.data[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=re.escape("sigma must be finite everywhere, got nan at index (1, 0, 0)")):
+        ssog_mix(v, mu, sigma, weight, (4, 5))
+    sigma.data[1, 0, 0] = -1.0
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        ssog_matrix(mu, sigma, weight, (4, 5))
+    sigma.data[1, 0, 0] = 1.0
+    assert torch.allclose(ssog_mix(v, mu, sigma, weight, (4, 5)), ssog_mix(v, mu, sigma.clone(), weight, (4, 5)))
+
+
 def test_the_largest_accepted_centre_gives_finite_kernels():
     mu = torch.tensor([[[2.0**20, -(2.0**20)]]])
     a = ssog_matrix(mu, torch.full((1, 1, 2), 0.25), torch.ones(1, 1), (4, 5))
