@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from ssog.cli import OPENMP_SPIN_COUNT
+
 
 @pytest.mark.parametrize("code,expected", [
     ("import ssog, timm; print(len(timm.list_models('ssog_vit_*')) > 0, "
@@ -33,7 +35,7 @@ print("spin count when torch loaded:", seen)
 
 
 @pytest.mark.parametrize("environment,expected", [
-    ({}, ["1000"]),
+    ({}, [OPENMP_SPIN_COUNT]),
     ({"GOMP_SPINCOUNT": "7"}, ["7"]),
     ({"OMP_WAIT_POLICY": "active"}, [None]),
 ])

@@ -26,15 +26,13 @@ COMMANDS: tuple[str, ...] = (
 
 
 #: libgomp (the OpenMP runtime of torch's Linux wheels) lets a thread that reaches a barrier
-#: first spin for 300,000 pauses, 10-20 ms on recent x86, before it sleeps. Beside another
-#: busy process that spin holds the core the late thread needs, at every operator call: with
-#: a one-thread training beside it on 2 cores, a small ViT's inference fell from 24 to 4-5
-#: images/s (MHA and SSoG alike, their ratio swinging 0.9-1.2x). With 1,000, the count
-#: libgomp itself takes when a process has more threads than cores, it ran at 12-14 images/s
-#: there and at the same speed as before on a quiet machine (docs/results/scaling.md). As
-#: torchrun sets OMP_NUM_THREADS for its workers, the command line sets this default for
-#: its own process; it must be set before torch loads the runtime.
-OPENMP_SPIN_COUNT = "1000"
+#: spin for 300,000 pause instructions before it sleeps. Beside another busy process that
+#: spin holds the core the late thread needs, at every parallel operator (a small ViT at
+#: 224 px on 2 cores fell from 26 to 5.5 images/s). 10,000 kept a quiet machine's speed and
+#: most of that loss away; 1,000 slowed many small regions (docs/results/scaling.md, "OpenMP
+#: spinning"). As torchrun sets OMP_NUM_THREADS for its workers, the command line sets this
+#: for its own process, before torch loads the runtime.
+OPENMP_SPIN_COUNT = "10000"
 
 
 def limit_openmp_spinning() -> None:
