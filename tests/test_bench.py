@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+from collections import Counter
 
 import pytest
 import torch
@@ -77,17 +78,22 @@ def test_is_out_of_memory():
     assert not is_out_of_memory(ValueError("out of memory"))
 
 
-def test_time_interleaved_runs_each_callable_once_a_round_after_varying_predecessors():
+@pytest.mark.parametrize("names,iters", [("a", 3), ("ab", 9), ("abcd", 25), ("abcdefg", 40)])
+def test_time_interleaved_runs_each_callable_once_a_round_after_each_other_equally_often(names, iters):
     order = []
-    fns = {name: (lambda name=name: order.append(name)) for name in "abcd"}
-    stats = time_interleaved(fns, warmup=1, iters=40)
-    assert order[:8] == list("abcd") * 2  # warmup, then the first round in the given order
-    rounds = [order[i : i + 4] for i in range(4, len(order), 4)]
-    assert len(rounds) == 40 and all(sorted(r) == list("abcd") for r in rounds)
-    timed = order[4:]
-    # who ran right before "b": every other callable, not always "a" (a rotated order would)
-    assert {timed[i - 1] for i in range(1, len(timed)) if timed[i] == "b"} >= set("acd")
-    assert {name: len(s.samples) for name, s in stats.items()} == {name: 40 for name in "abcd"}
+    fns = {name: (lambda name=name: order.append(name)) for name in names}
+    n = len(names)
+    stats = time_interleaved(fns, warmup=1, iters=iters)
+    assert order[: 2 * n] == list(names) * 2  # warmup, then the first round in the given order
+    rounds = [order[i : i + n] for i in range(n, len(order), n)]
+    assert len(rounds) == iters and all(sorted(r) == list(names) for r in rounds)
+    # over the whole timed sequence, round boundaries included, every callable ran right after
+    # every other one equally often (within one), and never right after itself
+    transitions = Counter(zip(order[n:], order[n + 1 :]))
+    if n > 1:
+        counts = [transitions[a, b] for a in names for b in names if a != b]
+        assert max(counts) - min(counts) <= 1 and not any(transitions[a, a] for a in names)
+    assert {name: len(s.samples) for name, s in stats.items()} == {name: iters for name in names}
 
 
 # --------------------------------------------------------------------- sweep

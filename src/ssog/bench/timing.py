@@ -7,9 +7,11 @@ call, i.e. the device time of the work it queued; on CPU it is ``time.perf_count
 """
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -95,17 +97,32 @@ def time_callable(
 
 
 def _round_orders(fns: Mapping[str, Callable[[], Any]], rounds: int) -> list[list[tuple[str, Callable[[], Any]]]]:
-    """One order of ``fns``' items per round: the given order first, then seeded shuffles,
-    so that every callable follows every other one about equally often (rotating one order
-    would keep each callable's predecessor the same in every round)."""
+    """One order of ``fns``' items per round, the first the given one, each later one chosen
+    so that every callable runs right after every other one about equally often, across
+    round boundaries too: the order (of all of them, or of 720 seeded samples beyond six
+    callables) whose transitions have run least so far. A call right after a large one pays
+    for its evicted caches and freed memory; rotating one order keeps every predecessor the
+    same, seeded shuffles left the counts to chance (over 25 rounds of four candidates, one
+    followed the slowest 11 times, another 7), and a balanced Latin square balances only
+    within rounds (docs/results/operator.md)."""
     items = list(fns.items())
-    shuffler = random.Random(0)
-    orders = [items]
+    n = len(items)
+    if n <= 6:
+        candidates = list(itertools.permutations(range(n)))
+    else:
+        sampler = random.Random(0)
+        candidates = [tuple(sampler.sample(range(n), n)) for _ in range(720)]
+    orders = [tuple(range(n))]
+    transitions = Counter(zip(orders[0], orders[0][1:]))
     for _ in range(rounds - 1):
-        order = items[:]
-        shuffler.shuffle(order)
+        last = orders[-1][-1]
+        order = min(
+            (o for o in candidates if o[0] != last or n == 1),  # no callable twice in a row
+            key=lambda o: sum(transitions[pair] for pair in zip((last, *o), o)),
+        )
+        transitions.update(zip((last, *order), order))
         orders.append(order)
-    return orders
+    return [[items[i] for i in order] for order in orders]
 
 
 def time_interleaved(
@@ -120,8 +137,8 @@ def time_interleaved(
     Each callable is first called ``warmup`` times untimed. Interleaving makes a ratio of
     two timings robust to a machine whose speed drifts during the measurement (other
     processes on a shared CPU, clock boost): a slow phase hits every callable alike. The
-    order changes from round to round (:func:`_round_orders`), so that no callable always
-    runs right after the same one: a call after a large one pays for its evicted caches and,
+    order changes from round to round (:func:`_round_orders`), so that every callable runs
+    right after every other one equally often: a call after a large one pays for its evicted caches and,
     on a CPU, for memory it freed that the allocator maps back page by page (after fused
     attention at 48x48 tokens, the next operator measured up to 2x slower,
     docs/results/operator.md).
