@@ -138,9 +138,9 @@ def time_interleaved(
     two timings robust to a machine whose speed drifts during the measurement (other
     processes on a shared CPU, clock boost): a slow phase hits every callable alike. The
     order changes from round to round (:func:`_round_orders`), so that every callable runs
-    right after every other one equally often: a call after a large one pays for its evicted caches and,
-    on a CPU, for memory it freed that the allocator maps back page by page (after fused
-    attention at 48x48 tokens, the next operator measured up to 2x slower,
+    right after every other one equally often: a call after a large one pays for its evicted
+    caches and, on a CPU, for memory it freed that the allocator maps back page by page
+    (after fused attention at 48x48 tokens, the next operator measured up to 2x slower,
     docs/results/operator.md).
     """
     if warmup < 0:

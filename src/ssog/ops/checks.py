@@ -136,9 +136,9 @@ def _parameters_valid(
 ) -> bool:
     """The whole of :func:`check_parameter_values` for valid parameters, in one pass
     (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays, and small ones are
-    looked up by content: right after a large operator has evicted the caches, the dozen
-    torch calls on a few dozen numbers took 0.17 ms and NumPy's 0.2 ms, the lookup 0.03 ms,
-    against 0.6 ms for a whole 14x14 mixing with the ``cpp`` kernels."""
+    looked up by content: after a large operator has evicted the caches, a dozen torch or
+    NumPy calls on a few dozen numbers took 0.1-0.2 ms, the lookup 0.03 ms, against 0.6 ms
+    for a whole 14x14 mixing with the ``cpp`` kernels (docs/results/operator.md)."""
     if mu.device.type != "cpu" or torch.compiler.is_compiling() or functorch_wrapped(mu, sigma, weight):
         mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
         return _in_range(mu, sigma, weight, torch.tensor(grid_size, dtype=dtype, device=mu.device),
@@ -158,7 +158,10 @@ def _content_in_range(dtype: str, grid_size: tuple[int, int], mu: bytes, sigma: 
     return _in_range(mu_array, sigma_array, weight_array, np.asarray(grid_size, dtype), float(np.finfo(dtype).max))
 
 
-def _in_range(mu: Tensor, sigma: Tensor, weight: Tensor, lengths: Tensor, largest: float) -> bool:
+def _in_range(
+    mu: Tensor | np.ndarray, sigma: Tensor | np.ndarray, weight: Tensor | np.ndarray, lengths: Tensor | np.ndarray,
+    largest: float,
+) -> bool:
     """Whether parameters (torch tensors or NumPy arrays, the same operators on either) pass
     every value check: ``(L + |mu|) / sigma`` is positive and its square below ``largest``
     exactly when ``sigma > 0`` is finite, ``mu`` is finite and the squared distances are
