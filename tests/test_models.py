@@ -176,6 +176,15 @@ def test_any_size_divisible_by_the_patch(family):
         assert model.forward_features(torch.randn(1, 3, 48, 64)).shape == (1, 12 * 16, 128)
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_tokens_leave_the_embedding_contiguous(op):
+    """Without a class token to concatenate, the patch embedding's permuted view used to flow
+    down the residual stream, and every LayerNorm copied it (25 copies per forward)."""
+    model = timm.create_model(f"{op}_vit_tiny_patch4_32", class_token=False, global_pool="avg").eval()
+    tokens, _ = model.embed(torch.randn(2, 3, 32, 32))
+    assert tokens.is_contiguous()
+
+
 def test_native_size_uses_the_position_embedding_unchanged():
     model = timm.create_model("mha_vit_micro_patch1_8").eval()
     tokens, grid = model.embed(torch.zeros(1, 1, 8, 8))

@@ -211,7 +211,10 @@ class ViTBase(nn.Module):
             self.pos_embed, new_size=(rows, cols), old_size=self.patch_embed.grid_size,
             num_prefix_tokens=self.num_prefix_tokens,
         )
-        x = x.reshape(batch, rows * cols, dim)
+        # timm's NHWC patch embedding is a permuted view of the convolution's output; kept so
+        # (no class token to concatenate), every element-wise op after it keeps that layout
+        # and every LayerNorm copies it back: 25 copies per forward of the small ViT.
+        x = x.reshape(batch, rows * cols, dim).contiguous()
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(batch, -1, -1), x], dim=1)
         return x + pos_embed, (rows, cols)
