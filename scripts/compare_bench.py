@@ -5,7 +5,7 @@
 RESULTS is a `results.json` (or its folder). One group of bars per (family, resolution,
 batch size) measured in every run, one bar per run: left, the paired speedup of SSoG over
 MHA (median, quartiles as error bars); right, MHA's images/s (log axis), which shows how
-much the machine's state cost each run. Used for docs/results/scaling.md ("OpenMP spin").
+much the machine's state cost each run. Used for docs/results/scaling.md ("OpenMP spinning").
 """
 from __future__ import annotations
 

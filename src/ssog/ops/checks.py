@@ -136,9 +136,10 @@ def _parameters_valid(
 ) -> bool:
     """The whole of :func:`check_parameter_values` for valid parameters, in one pass
     (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays, and small ones are
-    looked up by content: after a large operator has evicted the caches, a dozen torch or
-    NumPy calls on a few dozen numbers took 0.1-0.2 ms, the lookup 0.03 ms, against 0.6 ms
-    for a whole 14x14 mixing with the ``cpp`` kernels (docs/results/operator.md)."""
+    looked up by content: right after a large operator has evicted the caches, a dozen torch
+    or NumPy calls on a few dozen numbers took 0.17-0.22 ms, the check with the lookup
+    0.07 ms, against 0.6 ms for a whole 14x14 mixing with the ``cpp`` kernels
+    (docs/results/operator.md)."""
     if mu.device.type != "cpu" or torch.compiler.is_compiling() or functorch_wrapped(mu, sigma, weight):
         mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
         return _in_range(mu, sigma, weight, torch.tensor(grid_size, dtype=dtype, device=mu.device),
