@@ -85,8 +85,9 @@ class TrainConfig:
     deterministic: bool = False
     device: str = "auto"  # auto | cpu | cuda
     # Intra-op threads of a CPU run (null: torch's default, one per core). One by default:
-    # the small models trained on CPUs gain little from more, and on a shared machine an
-    # oversubscribed pool made the digits run 15x slower (docs/results/digits_default.md).
+    # the small models trained on CPUs gain little from more (4-8% for the digits run on two
+    # quiet cores), and beside one busy process two threads made it 1.8-2x slower (15x before
+    # the command line capped OpenMP's spinning; docs/results/digits_default.md).
     threads: int | None = 1
     output: str | None = None  # None: runs/<timestamp>
     checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
