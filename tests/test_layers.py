@@ -118,6 +118,13 @@ def test_inference_reuses_the_fixed_matrix_until_the_parameters_change():
         moved = layer(x, GRID)
     assert layer._matrix_cache[1] is not cached
     torch.testing.assert_close(moved, through_matrix(layer, x, GRID))
+    with torch.no_grad():
+        layer.mu.data.add_(1.5)  # bumps no version counter: the CPU key is the parameters' bytes
+        torch.testing.assert_close(layer(x, GRID), through_matrix(layer, x, GRID))
+        layer.logits.detach().numpy()[0, 0] += 2.0
+        torch.testing.assert_close(layer(x, GRID), through_matrix(layer, x, GRID))
+    layer.eval()  # train() and eval() drop the cache (the way out for .data edits on a GPU)
+    assert layer._matrix_cache is None
     layer.load_state_dict({k: v + 0.1 if k == "rho" else v for k, v in layer.state_dict().items()})
     with torch.no_grad():
         torch.testing.assert_close(layer(x, GRID), through_matrix(layer, x, GRID))

@@ -249,9 +249,7 @@ class SSoGAttention(nn.Module):
         ``torch.compile`` and :func:`ssog.ops.forced_backend`. On small grids, building the
         kernels and the separable path's blocks cost more than one GEMM with a prebuilt
         ``A`` (1.9x at 14x14, docs/results/operator.md, "Inference with a prebuilt A"), and
-        with fixed kernels ``A`` only changes when the parameters do. The cache key holds
-        the parameters' storage and version counters, which every in-place update
-        (optimizer steps, ``load_state_dict``) and every ``.to()`` changes.
+        with fixed kernels ``A`` only changes when the parameters do (:meth:`_mixture_key`).
         """
         if self.steer or torch.is_grad_enabled() or torch.compiler.is_compiling() or forced_backend_name():
             return None
@@ -261,12 +259,28 @@ class SSoGAttention(nn.Module):
             values.shape, grid_size, self.num_atoms, False, values.device, matrix_cached=True, dtype=values.dtype
         ) != "dense":
             return None
-        key = (tuple(grid_size), values.device, values.dtype,
-               *((p.data_ptr(), p._version) for p in (self.mu, self.rho, self.logits)))
+        key = (tuple(grid_size), values.device, values.dtype, self._mixture_key())
         if self._matrix_cache is None or self._matrix_cache[0] != key:
             matrix = ssog_matrix(self.mu, self.sigma(), self.weight(), grid_size).to(values.dtype)
             self._matrix_cache = (key, matrix)
         return self._matrix_cache[1]
+
+    def _mixture_key(self) -> tuple:
+        """What identifies the fixed mixture's current values. On the CPU, their bytes: exact,
+        whatever changed them (``.data`` and NumPy edits included), for a few microseconds.
+        Elsewhere, reading them would synchronise with the device, so their storage and
+        version counters, which every ``.to()`` and every in-place update through the
+        parameters (optimizer steps, ``load_state_dict``, ``torch.no_grad()`` edits) changes,
+        but edits through ``.data`` do not: after those, call ``train()`` or ``eval()``."""
+        parameters = (self.mu, self.rho, self.logits)
+        if self.mu.device.type == "cpu":
+            return tuple(p.detach().contiguous().view(torch.uint8).numpy().tobytes() for p in parameters)
+        return tuple((p.data_ptr(), p._version) for p in parameters)
+
+    def train(self, mode: bool = True) -> SSoGAttention:
+        """``nn.Module.train``, which also drops the cached inference matrix."""
+        self._matrix_cache = None
+        return super().train(mode)
 
     def attention_matrix(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         """The row-stochastic mixing matrix ``(B, H, P+N, P+N)`` this layer applies to ``x``."""
