@@ -2,10 +2,13 @@
 dispatch, its refusals and its fallback when it cannot be built."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from ssog.ops import cpp_kernels, ssog_matrix, ssog_mix
+from ssog.ops.checks import _in_range
 from ssog.ops.functional import _ssog_mix_unchecked
 
 pytestmark = pytest.mark.skipif(not cpp_kernels.available(), reason=f"cpp backend: {cpp_kernels.unavailable_reason()}")
@@ -62,6 +65,71 @@ def test_cpp_propagates_non_finite_parameters():
     out = _ssog_mix_unchecked(torch.randn(1, 1, n, LANES), mu, sigma, weight, grid, "cpp")
     assert out[0, 0, 5].isnan().all()
     assert out[0, 0, :5].isfinite().all() and out[0, 0, 6:].isfinite().all()
+
+
+# Parameter values the checks refuse, and the error that names them (tests/test_ops.py's BAD_INPUTS).
+OUT_OF_RANGE = [
+    ("sigma_zero", "sigma", (0, 1, 0), 0.0, "sigma must be > 0"),
+    ("sigma_negative", "sigma", (1, 0, 1), -1.0, "sigma must be > 0"),
+    ("sigma_nan", "sigma", (1, 0, 0), float("nan"), "sigma must be finite everywhere, got nan at index"),
+    ("sigma_inf", "sigma", (0, 2, 1), float("inf"), "sigma must be finite everywhere"),
+    ("mu_inf", "mu", (0, 0, 1), float("-inf"), "mu must be finite everywhere"),
+    ("mu_huge", "mu", (1, 2, 0), 2.0**20 * 1.01, "|mu| must be <= 2^20 tokens"),
+    ("weight_nan", "weight", (1, 1), float("nan"), "weight must be finite everywhere"),
+    ("sigma_tiny", "sigma", (0, 1, 1), 1e-19, "sigma is too small for its centre"),
+]
+
+
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+@pytest.mark.parametrize("name,field,index,value,message", OUT_OF_RANGE, ids=[c[0] for c in OUT_OF_RANGE])
+def test_ssog_mix_refuses_out_of_range_parameters_in_the_library(name, field, index, value, message, steered):
+    """``ssog_mix`` leaves the value checks to the library when it takes the ``cpp`` kernels;
+    the error must be the Python check's, and nothing may be written."""
+    grid, n = (4, 5), 20
+    parameters = dict(zip(("mu", "sigma", "weight"), (t.float() for t in params(2 if steered else None, 2, n, 3, 0))))
+    head, *rest = index  # (head, atom[, component]); steered: batch 0, query 0
+    parameters[field][(0, head, 0, *rest) if steered else index] = value
+    v, destination = torch.randn(2, 2, n, LANES), torch.full((2, 2, n, LANES), 7.0)
+    for backend in ("cpp", "auto"):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ssog_mix(v, *parameters.values(), grid, backend=backend)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cpp_kernels.cpp_steered(v, *parameters.values(), grid, out=destination) if steered else \
+            cpp_kernels.cpp_fixed(v, *parameters.values(), grid, out=destination)
+    assert (destination == 7.0).all()
+
+
+def test_library_and_python_checks_agree_at_the_edges():
+    """The library's float32 check (parameters_in_range) against checks._in_range, one
+    atom at a time, on values at and around every bound."""
+    grid = (6, 5)
+    largest = torch.finfo(torch.float32).max
+    reach_limit = torch.tensor(largest).sqrt().item()  # sigma below (6 + |mu|) / reach_limit overflows
+    sigmas = [0.0, -0.0, 1e-45, 6 / reach_limit * 0.999, 6 / reach_limit * 1.001, 0.25, 3e38, float("inf"),
+              float("nan"), -2.0]
+    centres = [0.0, -3.5, 2.0**20, -(2.0**20), 2.0**20 * (1 + 2**-23), 1e30, float("-inf"), float("nan")]
+    weights = [0.5, largest, float("inf"), float("nan"), -1e38]
+    cases = [(m, s, 0.5) for m in centres for s in sigmas] + [(0.0, 1.0, w) for w in weights]
+    v = torch.randn(1, 1, 30, LANES)
+    for centre, width, w in cases:
+        mu = torch.tensor([[[centre, 0.0]]])
+        sigma = torch.tensor([[[width, 1.0]]])
+        weight = torch.tensor([[w]])
+        expected = _in_range(mu, sigma, weight, torch.tensor(grid, dtype=torch.float32), largest)
+        try:
+            cpp_kernels.cpp_fixed(v, mu, sigma, weight, grid)
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert accepted is expected, (centre, width, w)
+
+
+def test_float64_parameters_out_of_float32_range_are_refused():
+    """Valid in float64 but not once cast to the kernels' float32: a clear error, not NaN."""
+    mu, sigma, weight = params(None, 1, 20, 2, seed=2)
+    sigma[0, 1, 0] = 1e-60  # 0 in float32
+    with pytest.raises(ValueError, match="out of float32's range for the cpp kernels"):
+        ssog_mix(torch.randn(1, 1, 20, LANES), mu, sigma, weight, (4, 5), backend="cpp")
 
 
 def test_auto_takes_cpp_without_gradients_only(monkeypatch):

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .checks import check_parameter_values
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["available", "cpp_fixed", "cpp_steered", "supports", "takes", "unavailable_reason"]
@@ -73,7 +75,13 @@ def _head_dims() -> frozenset[int]:
 
 
 def cpp_fixed(
-    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None = None
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    out: Tensor | None = None,
+    value_checks: bool = True,
 ) -> Tensor:
     """Fixed separable mixing, no gradients; same contract as ``ssog_mix`` with fixed kernels.
 
@@ -82,25 +90,48 @@ def cpp_fixed(
     tokens, ``weight (H, R)``. The library builds the 1-D kernels itself (the
     ``gaussian_rows`` formula). Returns ``(B, H, N, d)``: ``out`` if given (same rules as
     ``v``, written in place), else a new tensor.
+
+    ``value_checks``: the library checks the parameters' values in float32 before it mixes
+    (what :func:`ssog.ops.checks.check_parameter_values` checks, and its error on failure);
+    without, non-finite parameters give non-finite outputs, as in the other backends.
     """
-    return _mix(False, v, mu, sigma, weight, grid_size, out)
+    return _mix(False, v, mu, sigma, weight, grid_size, out, value_checks)
 
 
 def cpp_steered(
-    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None = None
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    out: Tensor | None = None,
+    value_checks: bool = True,
 ) -> Tensor:
     """Steered mixing, no gradients; same contract as ``ssog_mix`` with steered kernels.
 
-    ``v`` and ``out`` as in :func:`cpp_fixed`; ``mu, sigma (B, H, N, R, 2)`` as ``(y, x)`` in
-    tokens, ``weight (B, H, N, R)``. The library builds each query's 1-D kernels itself.
+    ``v``, ``out`` and ``value_checks`` as in :func:`cpp_fixed`; ``mu, sigma (B, H, N, R, 2)``
+    as ``(y, x)`` in tokens, ``weight (B, H, N, R)``. The library builds each query's 1-D
+    kernels itself.
     """
-    return _mix(True, v, mu, sigma, weight, grid_size, out)
+    return _mix(True, v, mu, sigma, weight, grid_size, out, value_checks)
+
+
+#: ``ssog_mix_forward``'s status for parameters whose values its check refused.
+_STATUS_OUT_OF_RANGE = 2
 
 
 def _mix(
-    steered: bool, v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], out: Tensor | None
+    steered: bool,
+    v: Tensor,
+    mu: Tensor,
+    sigma: Tensor,
+    weight: Tensor,
+    grid_size: tuple[int, int],
+    out: Tensor | None,
+    value_checks: bool,
 ) -> Tensor:
     _check(v, mu, sigma, weight)
+    parameters = mu, sigma, weight
     batch, heads, _, dim = v.shape
     rows, cols = grid_size
     if v.stride(-1) != 1:
@@ -112,9 +143,13 @@ def _mix(
                          f"{tuple(out.shape)} with strides {out.stride()}")
     mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
     status = _library()[0].ssog_mix_forward(
-        steered, v.data_ptr(), *v.stride()[:3], mu.data_ptr(), sigma.data_ptr(), weight.data_ptr(),
+        steered, value_checks, v.data_ptr(), *v.stride()[:3], mu.data_ptr(), sigma.data_ptr(), weight.data_ptr(),
         out.data_ptr(), *out.stride()[:3], batch, heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
     )
+    if status == _STATUS_OUT_OF_RANGE:
+        check_parameter_values(*parameters, grid_size)  # raises, naming the value
+        raise ValueError("mu, sigma or weight are out of float32's range for the cpp kernels (they pass the "
+                         f"check in {mu.dtype}); pass float32 parameters that pass ssog.ops.checks")
     if status != 0:  # supports() admits only what the library takes
         raise RuntimeError(f"ssog_mix_forward rejected its arguments (status {status})")
     return out
@@ -148,8 +183,8 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     library.ssog_lanes.argtypes = []
     strided = [pointer, int64, int64, int64]  # data, batch / head / token strides
     library.ssog_mix_forward.restype = int32
-    # steered; v; mu, sigma, weight; out; batch; heads, rows, cols, atoms, dim, threads
-    library.ssog_mix_forward.argtypes = [int32] + strided + [pointer] * 3 + strided + [int64] + [int32] * 6
+    # steered, check; v; mu, sigma, weight; out; batch; heads, rows, cols, atoms, dim, threads
+    library.ssog_mix_forward.argtypes = [int32, int32] + strided + [pointer] * 3 + strided + [int64] + [int32] * 6
     return library, None
 
 

@@ -19,6 +19,8 @@
 // skipped: what they would add is below 2^-46 of the output's scale, under float32's
 // resolution.
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <list>
@@ -80,6 +82,22 @@ inline void span_above_floor(const float* rows, int count, int64_t stride, int l
   }
   *first = lo;
   *end = std::max(lo, hi);
+}
+
+// ssog.ops.checks._in_range in float32, for `count` atoms (mu, sigma: (count, 2) as (y, x),
+// weight: (count)): (L + |mu|) / sigma positive with a finite square, |mu| <= 2^20 and a
+// finite weight. NaN fails every comparison. The Python check names what failed.
+bool parameters_in_range(const float* mu, const float* sigma, const float* weight, int64_t count, int rows, int cols) {
+  const float largest_reach = static_cast<float>(std::sqrt(static_cast<double>(FLT_MAX)));
+  const float lengths[2] = {static_cast<float>(rows), static_cast<float>(cols)};
+  bool ok = true;
+  for (int64_t i = 0; i < 2 * count; ++i) {
+    const float offset = std::fabs(mu[i]);
+    const float reach = (lengths[i & 1] + offset) / sigma[i];
+    ok &= (reach > 0.0f) & (reach < largest_reach) & (offset <= 1048576.0f);
+  }
+  for (int64_t i = 0; i < count; ++i) ok &= std::fabs(weight[i]) <= FLT_MAX;
+  return ok;
 }
 
 // ------------------------------------------------------------------------ steered kernels
@@ -437,12 +455,16 @@ int ssog_lanes() { return kLanes; }
 // with features contiguous and the given batch, head and token strides (floats). Steered
 // (steered != 0): mu, sigma contiguous (batch, heads, rows * cols, atoms, 2) as (y, x) in
 // tokens, weight (batch, heads, rows * cols, atoms). Fixed: mu, sigma (heads, atoms, 2),
-// weight (heads, atoms). Returns 0, or 1 for an unsupported dim.
-int ssog_mix_forward(int steered, const float* v, int64_t v_batch, int64_t v_head, int64_t v_token,
+// weight (heads, atoms). With `check` != 0 the parameters' values are checked first
+// (parameters_in_range). Returns 0; 1 for an unsupported dim; 2 for parameters out of range,
+// with nothing written.
+int ssog_mix_forward(int steered, int check, const float* v, int64_t v_batch, int64_t v_head, int64_t v_token,
                      const float* mu, const float* sigma, const float* weight, float* out, int64_t out_batch,
                      int64_t out_head, int64_t out_token, int64_t batch, int heads, int rows, int cols, int atoms,
                      int dim, int threads) {
   const Layout v_layout{v_batch, v_head, v_token}, out_layout{out_batch, out_head, out_token};
+  const int64_t count = (steered ? batch * rows * cols : 1) * heads * atoms;
+  if (check && !parameters_in_range(mu, sigma, weight, count, rows, cols)) return 2;
   if (steered)
     return dispatch<Steered>(dim, v, v_layout, mu, sigma, weight, out, out_layout, batch * heads, heads, rows,
                              cols, atoms, threads);
