@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 from collections import Counter
 
 import pytest
@@ -63,6 +64,28 @@ def test_peak_memory_cpu_counts_allocator_peak_and_resident():
     resident = torch.ones(MB // 16)  # 0.25 MB; its view must not count twice
     assert peak_memory(work, device="cpu") == 3 * MB
     assert peak_memory(work, device="cpu", resident=[resident, resident[:5]]) == 3 * MB + MB // 4
+
+
+def test_peak_memory_cpu_keeps_the_profilers_lines_off_stderr_and_nothing_else(run_child):
+    """Only the profiler's own start/stop lines are dropped: what the measured call writes to
+    file descriptor 2, and everything after, still arrives, also when the call raises."""
+    code = (
+        "import os, sys, torch\n"
+        "from ssog.bench import peak_memory\n"
+        "def work():\n"
+        "    os.write(2, b'inside\\n')\n"
+        "    return torch.ones(1000)\n"
+        "peak_memory(work)\n"
+        "def broken():\n"
+        "    raise KeyError('boom')\n"
+        "try:\n"
+        "    peak_memory(broken)\n"
+        "except KeyError:\n"
+        "    os.write(2, b'after\\n')\n"
+    )
+    result = run_child([sys.executable, "-c", code], 300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.splitlines() == ["inside", "after"]
 
 
 def test_tensor_bytes_counts_shared_storage_once():

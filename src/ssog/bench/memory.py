@@ -15,8 +15,11 @@ plus the highest number of bytes the call itself had allocated at any moment.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -64,9 +67,14 @@ def peak_memory(
 def _cpu_peak_allocated(fn: Callable[[], Any]) -> int:
     # Kineto logs a spurious "gpuGetDeviceCount failed" error on machines without a GPU.
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with _native_stderr_silenced():
+        prof.start()
+    try:
         fn()
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
     # One "[memory]" event per allocation (positive size) or free (negative) of a block
     # allocated while profiling; the allocator does not report frees of older blocks.
     events = sorted(
@@ -82,6 +90,23 @@ def _cpu_peak_allocated(fn: Callable[[], Any]) -> int:
         live += nbytes
         peak = max(peak, live)
     return peak
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Discard what native code writes to file descriptor 2 inside the block. Some torch
+    builds' Kineto writes a ``USDT: ... profiler_start`` / ``profiler_stop`` line there at
+    every start and stop, whatever ``KINETO_LOG_LEVEL`` says: two lines per measurement in
+    every benchmark's output. Only the profiler's start and stop run inside, never ``fn``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
