@@ -149,7 +149,7 @@ def _mix(
     if status == _STATUS_OUT_OF_RANGE:
         check_parameter_values(*parameters, grid_size)  # raises, naming the value
         raise ValueError("mu, sigma or weight are out of float32's range for the cpp kernels (they pass the "
-                         f"check in {mu.dtype}); pass float32 parameters that pass ssog.ops.checks")
+                         f"check in {parameters[0].dtype}); pass float32 parameters that pass ssog.ops.checks")
     if status != 0:  # supports() admits only what the library takes
         raise RuntimeError(f"ssog_mix_forward rejected its arguments (status {status})")
     return out
