@@ -3,10 +3,11 @@
 #
 #   scripts/gpu_check.sh [--dry-run] [OUTPUT_DIR]      (default OUTPUT_DIR: runs/gpu_check)
 #
-# On a CUDA machine, in order, each phase under its own time limit (at most 7 min 45 s in all):
+# On a CUDA machine, in order, each phase under its own time limit (at most 7 min 35 s in all):
 #   1. operator:      ssog bench-op, fp16, every backend (auto, dense, separable, local, triton)
 #                     against SDPA (flash attention on CUDA fp16), grids 14-64, forward and
-#                     forward+backward; then the steered layer (mu+sigma) against MHA at 32x32, 48x48
+#                     forward+backward; then the steered layer (mu+sigma) against MHA at 32x32, 48x48;
+#                     then auto's mixing under torch.compile (inductor: Triton) at 14x14 and 32x32
 #   2. sweep-infer:   the reduced paper sweep, D=768 (base), batch 8 and 64, 224-1024 px, inference
 #   3. sweep-train:   the same sweep, training steps (forward + backward + AdamW)
 #   4. nccl-smoke:    torchrun --nproc_per_node 1 -m ssog train for one short epoch (nccl process group)
@@ -36,10 +37,12 @@ mkdir -p "$output"
 if [ "$dry_run" = 1 ]; then
     operator=(--grids 4 6 --batch 1 --heads 2 --head-dim 16 --rounds 1 --warmup 0 --steered-grid 0 --device cpu)
     steered=(--steered-layer 4 --rounds 1 --warmup 0 --device cpu)
+    compiled=(--grids 4 --batch 1 --heads 2 --head-dim 16 --rounds 1 --warmup 0 --steered-grid 0 --device cpu
+              --backends separable --compile auto)
     sweep=(--size micro --families vit --resolutions 4 8 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
     smoke=(--dataset synthetic --set synthetic_size=8 --set synthetic_classes=2 --img-size 8 --epochs 1
            --batch-size 4 --device cpu --threads 1 --no-progress)
-    limits=(120 120 120 120 120)
+    limits=(120 120 120 120 120 120)
 else
     if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         echo "gpu_check.sh: no CUDA device here; use --dry-run for the CPU rehearsal" >&2
@@ -48,10 +51,12 @@ else
     operator=(--grids 14 16 24 32 48 64 --dtype float16 --device cuda --rounds 20 --warmup 3
               --backends auto dense separable local triton --dense-max-grid 64)
     steered=(--steered-layer 32 48 --device cuda --rounds 20 --warmup 3)
+    compiled=(--grids 14 32 --dtype float16 --device cuda --rounds 20 --warmup 3 --steered-grid 0
+              --backends separable --compile auto)
     sweep=(--preset paper --batch-sizes 8 64 --width-sizes --warmup 2 --iters 5 --device cuda --dtype fp16)
     smoke=(--model ssog_vit_small_patch16_224 --dataset synthetic --set synthetic_size=512 --img-size 224
            --epochs 1 --batch-size 64 --device cuda --no-progress)
-    limits=(70 40 110 140 55)
+    limits=(70 40 55 110 130 50)
 fi
 
 failed=0
@@ -71,9 +76,10 @@ phase() {  # phase NAME LIMIT_S COMMAND...
 
 phase operator "${limits[0]}" "$python" -m ssog bench-op "${operator[@]}" --output "$output/operator"
 phase steered-layer "${limits[1]}" "$python" -m ssog bench-op "${steered[@]}" --output "$output/operator"
-phase sweep-inference "${limits[2]}" "$python" -m ssog bench "${sweep[@]}" --mode inference --output "$output/sweep_inference"
-phase sweep-train "${limits[3]}" "$python" -m ssog bench "${sweep[@]}" --mode train --output "$output/sweep_train"
-phase nccl-smoke "${limits[4]}" "$torchrun" --standalone --nproc_per_node 1 -m ssog train "${smoke[@]}" --output "$output/train_smoke"
+phase operator-compile "${limits[2]}" "$python" -m ssog bench-op "${compiled[@]}" --output "$output/operator_compile"
+phase sweep-inference "${limits[3]}" "$python" -m ssog bench "${sweep[@]}" --mode inference --output "$output/sweep_inference"
+phase sweep-train "${limits[4]}" "$python" -m ssog bench "${sweep[@]}" --mode train --output "$output/sweep_train"
+phase nccl-smoke "${limits[5]}" "$torchrun" --standalone --nproc_per_node 1 -m ssog train "${smoke[@]}" --output "$output/train_smoke"
 
 echo "status per phase (0 = ok, 124 = time limit): $output/status.txt"
 cat "$output/status.txt"

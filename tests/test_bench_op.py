@@ -46,6 +46,11 @@ def test_bad_configuration_is_one_clear_line(args, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_only_shape_static_backends_are_compiled():
+    with pytest.raises(ValueError, match=r"cannot time \['cpp', 'local'\] under torch.compile"):
+        OperatorConfig(compiled=("separable", "local", "cpp"))
+
+
 def test_unknown_backend_is_rejected_by_the_parser(capsys):
     with pytest.raises(SystemExit) as error:
         main(["bench-op", "--backends", "flash"])

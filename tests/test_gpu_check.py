@@ -15,11 +15,15 @@ def test_dry_run_runs_every_phase_and_writes_results(tmp_path, run_child):
     done = run_child(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], 600, env=env)
     status = dict(line.split() for line in (tmp_path / "status.txt").read_text().splitlines())
     assert status == dict.fromkeys(
-        ("operator", "steered-layer", "sweep-inference", "sweep-train", "nccl-smoke"), "0"
+        ("operator", "steered-layer", "operator-compile", "sweep-inference", "sweep-train", "nccl-smoke"), "0"
     ), done.stdout + done.stderr
     assert done.returncode == 0
     operator = json.loads((tmp_path / "operator" / "operator.json").read_text())
     assert {row["candidate"] for row in operator["results"]} >= {"sdpa", "auto", "separable"}
+    compiled = json.loads((tmp_path / "operator_compile" / "operator.json").read_text())["results"]
+    assert {(row["candidate"], row["pass_"]) for row in compiled if row["candidate"] == "compile:auto"} == {
+        ("compile:auto", "forward"), ("compile:auto", "forward+backward")}
+    assert all(row["median_ms"] > 0 for row in compiled)
     assert (tmp_path / "operator" / "steered_layer.json").is_file()
     for mode in ("inference", "train"):
         rows = json.loads((tmp_path / f"sweep_{mode}" / "results.json").read_text())["rows"]

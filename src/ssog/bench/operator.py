@@ -6,6 +6,11 @@ Both operators get the same batch, heads, head_dim and tokens: SDPA mixes ``q, k
 every candidate of that round alike; speed is reported as the median over rounds of the
 per-round ratio ``t_sdpa / t_candidate``, with its quartiles.
 
+``compiled`` backends are also timed under ``torch.compile(fullgraph=True)`` (candidates
+``compile:<backend>``), called as a compiled model calls the mixing: the layers' entry,
+without the value checks of the public ``ssog_mix`` (they read values on the host, which
+would break the graph). Each is compiled before the timed rounds.
+
 Peak memory is the allocator's peak during one call (``ssog.bench.memory.peak_memory``),
 operands excluded: output, workspace and, with ``backward``, the gradients. The footprint
 adds the operands each operator needs materialised: ``q, k, v`` for SDPA, ``v`` for SSoG
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 
 from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
 from ..ops import BACKENDS, choose_backend, cpp_kernels, ssog_mix
+from ..ops.functional import _ssog_mix_unchecked
 from ..ops.triton_separable import available as triton_available
 from .memory import is_out_of_memory, peak_memory
 from .results import environment
@@ -32,6 +38,10 @@ from ..runtime import resolve_dtype
 from .timing import quartiles, time_interleaved
 
 BASELINE = "sdpa"
+#: Backends whose mixing can also be timed under ``torch.compile(fullgraph=True)``: the PyTorch
+#: ones whose graph depends on shapes alone (``local`` reads its key spans from the kernels'
+#: values; ``cpp`` and ``triton`` run kernels of their own).
+COMPILABLE = ("auto", "dense", "separable")
 
 
 @dataclass
@@ -48,11 +58,16 @@ class OperatorConfig:
     rounds: int = 5
     warmup: int = 1
     dense_max_grid: int = 32  # dense materialises H*N^2 floats: 805 MB at 64x64
+    compiled: Sequence[str] = ()  # also timed under torch.compile: some of COMPILABLE
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.backends) - set(BACKENDS))
         if unknown:
             raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKENDS)}")
+        not_compilable = sorted(set(self.compiled) - set(COMPILABLE))
+        if not_compilable:
+            raise ValueError(f"cannot time {not_compilable} under torch.compile; expected some of "
+                             f"{', '.join(COMPILABLE)}")
         resolve_dtype(self.dtype)
         for name in ("batch", "heads", "head_dim", "atoms", "rounds"):
             if getattr(self, name) < 1:
@@ -120,7 +135,20 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
         if backend == "cpp" and (backward or not cpp_kernels.takes(device, dtype, config.head_dim)):
             continue  # forward only, float32 on a CPU where it could be built
         calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
+    for backend in config.compiled:
+        mix = torch.compile(_mixing(grid, backend), fullgraph=True, dynamic=False)
+        calls[f"compile:{backend}"] = run(lambda m=mix: m(v, *params), (v, *params))
+        calls[f"compile:{backend}"]()  # compiles here, not in the timed rounds
     return calls
+
+
+def _mixing(grid: int, backend: str) -> Callable[..., torch.Tensor]:
+    """``(v, mu, sigma, weight) -> out`` on a ``grid x grid`` grid, as the layers mix."""
+
+    def mix(v: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _ssog_mix_unchecked(v, mu, sigma, weight, (grid, grid), backend)
+
+    return mix
 
 
 def run_operator_benchmark(config: OperatorConfig, progress: Callable[[str], None] = print) -> list[Measurement]:

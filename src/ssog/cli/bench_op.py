@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..bench.operator import (
+    COMPILABLE,
     OperatorConfig,
     SteeredLayerConfig,
     markdown_table,
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default=defaults.dtype, choices=list(DTYPES))
     parser.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
     parser.add_argument("--backends", nargs="+", default=list(defaults.backends), choices=BACKENDS)
+    parser.add_argument("--compile", nargs="+", default=[], choices=COMPILABLE, metavar="BACKEND",
+                        help=f"also time these backends ({', '.join(COMPILABLE)}) under torch.compile(fullgraph=True), "
+                             "as a compiled model mixes (compiled before the timed rounds)")
     parser.add_argument("--forward-only", action="store_true", help="skip the forward+backward pass")
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="measured rounds per point")
     parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed rounds per point")
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         grids=args.grids, batch=OperatorConfig.batch if args.batch is None else args.batch,
         heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
         dtype=args.dtype, device=args.device, backends=args.backends, backward=not args.forward_only,
-        rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid,
+        rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid, compiled=args.compile,
     )
     results = run_operator_benchmark(config)
     steered = steered_memory(config, grid=args.steered_grid) if args.steered_grid else None
