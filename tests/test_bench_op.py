@@ -46,6 +46,26 @@ def test_bad_configuration_is_one_clear_line(args, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_compiled_candidates_survive_more_grids_than_the_recompile_limit(monkeypatch):
+    """Every grid and pass recompiles the same code; torch refuses a ninth recompilation under
+    fullgraph=True. The eager backend keeps the test fast; the limit is the same for inductor."""
+    import functools
+
+    import torch
+
+    import torch._dynamo.config
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    for limit in ("recompile_limit", "cache_size_limit"):  # torch's default; under pytest it is raised
+        monkeypatch.setattr(torch._dynamo.config, limit, 8)
+    grids = tuple(range(2, 11))
+    config = OperatorConfig(grids=grids, batch=1, heads=2, head_dim=4, rounds=1, warmup=0, backward=False,
+                            backends=("separable",), compiled=("separable",))
+    rows = run_operator_benchmark(config, progress=lambda _: None)
+    assert [m.grid for m in rows if m.candidate == "compile:separable"] == list(grids)
+    assert all(m.median_ms > 0 for m in rows)
+
+
 def test_only_shape_static_backends_are_compiled():
     with pytest.raises(ValueError, match=r"cannot time \['cpp', 'local'\] under torch.compile"):
         OperatorConfig(compiled=("separable", "local", "cpp"))
