@@ -52,7 +52,6 @@ def test_compiled_candidates_survive_more_grids_than_the_recompile_limit(monkeyp
     import functools
 
     import torch
-
     import torch._dynamo.config
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
