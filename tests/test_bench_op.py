@@ -55,12 +55,11 @@ def test_compiled_candidates_survive_more_grids_than_the_recompile_limit(monkeyp
     import torch._dynamo.config
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    for limit in ("recompile_limit", "cache_size_limit"):  # torch's default; under pytest it is raised
-        monkeypatch.setattr(torch._dynamo.config, limit, 8)
     grids = tuple(range(2, 11))
     config = OperatorConfig(grids=grids, batch=1, heads=2, head_dim=4, rounds=1, warmup=0, backward=False,
                             backends=("separable",), compiled=("separable",))
-    rows = run_operator_benchmark(config, progress=lambda _: None)
+    with torch._dynamo.config.patch(recompile_limit=8):  # torch's default; under pytest it is raised
+        rows = run_operator_benchmark(config, progress=lambda _: None)
     assert [m.grid for m in rows if m.candidate == "compile:separable"] == list(grids)
     assert all(m.median_ms > 0 for m in rows)
 
