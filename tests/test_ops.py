@@ -446,8 +446,8 @@ def test_value_checks_agree_on_torch_tensors_and_numpy_arrays(name, override, me
 
 
 def test_value_checks_see_in_place_changes_of_parameters_checked_before():
-    """Small parameter sets are checked once per content: a change that bumps no version
-    counter (through ``.data``) must still be refused."""
+    """Parameters are checked at every call: a change that bumps no version counter (through
+    ``.data``) must still be refused."""
     v, mu, sigma, weight = torch.randn(1, 2, 20, 8), torch.zeros(2, 3, 2), torch.ones(2, 3, 2), torch.ones(2, 3) / 3
     for _ in range(2):
         ssog_mix(v, mu, sigma, weight, (4, 5))

@@ -8,7 +8,6 @@ shapes by construction).
 """
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable
 
@@ -126,37 +125,20 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
                      f"sigma {_first_bad(sigma, reach < math.sqrt(torch.finfo(dtype).max))}")
 
 
-#: Fixed mixtures up to this many ``mu`` elements (heads * atoms * 2) are checked once per
-#: distinct content (:func:`_content_in_range`); steered ones are new at every call.
-CONTENT_CHECK_MAX_ELEMENTS = 4096
-
-
 def _parameters_valid(
     mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], dtype: torch.dtype
 ) -> bool:
     """The whole of :func:`check_parameter_values` for valid parameters, in one pass
-    (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays, and small ones are
-    looked up by content: right after a large operator has evicted the caches, a dozen torch
-    or NumPy calls on a few dozen numbers took 0.17-0.22 ms, the check with the lookup
-    0.07 ms, against 0.6 ms for a whole 14x14 mixing with the ``cpp`` kernels
-    (docs/results/operator.md)."""
+    (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays: right after a large
+    operator has evicted the caches, the dozen torch calls on a few dozen numbers took
+    0.17 ms, as NumPy calls 0.10-0.11 ms (docs/results/operator.md; the ``cpp`` kernels
+    check their parameters in the library instead)."""
     if mu.device.type != "cpu" or torch.compiler.is_compiling() or functorch_wrapped(mu, sigma, weight):
         mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
         return _in_range(mu, sigma, weight, torch.tensor(grid_size, dtype=dtype, device=mu.device),
                          torch.finfo(dtype).max)
     mu, sigma, weight = (t.detach().to(dtype).numpy() for t in (mu, sigma, weight))
-    if mu.size <= CONTENT_CHECK_MAX_ELEMENTS:
-        return _content_in_range(mu.dtype.str, tuple(grid_size), mu.tobytes(), sigma.tobytes(), weight.tobytes())
     return _in_range(mu, sigma, weight, np.asarray(grid_size, dtype=mu.dtype), float(np.finfo(mu.dtype).max))
-
-
-@functools.lru_cache(maxsize=256)
-def _content_in_range(dtype: str, grid_size: tuple[int, int], mu: bytes, sigma: bytes, weight: bytes) -> bool:
-    """:func:`_in_range` of parameters given by their bytes (NumPy ``dtype``): a pure function of
-    its arguments, so its cache is exact (a model passes the same few mixtures at every call)."""
-    mu_array, sigma_array = (np.frombuffer(data, dtype).reshape(-1, 2) for data in (mu, sigma))
-    weight_array = np.frombuffer(weight, dtype)
-    return _in_range(mu_array, sigma_array, weight_array, np.asarray(grid_size, dtype), float(np.finfo(dtype).max))
 
 
 def _in_range(
