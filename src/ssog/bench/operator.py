@@ -136,8 +136,8 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
             continue  # forward only, float32 on a CPU where it could be built
         calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
     if config.compiled:
-        # Every grid and pass recompiles the same code; past torch's recompile limit (8) it
-        # would silently run eager. The earlier grids' graphs are not needed any more.
+        # Every grid and pass recompiles the same code; past torch's recompile limit (8),
+        # fullgraph=True fails. The earlier grids' graphs are not needed any more.
         torch.compiler.reset()
     for backend in config.compiled:
         mix = torch.compile(_mixing(grid, backend), fullgraph=True, dynamic=False)
