@@ -157,7 +157,41 @@ def test_rescale_kernels_scales_centres_and_widths():
     torch.testing.assert_close(after["mu"], 2 * before["mu"])
     torch.testing.assert_close(after["sigma"], 2 * before["sigma"])
     torch.testing.assert_close(after["weight"], before["weight"])
-    assert layer.steer_radius == 8.0
+    assert layer.steer_radius == (8.0, 8.0)
+
+
+def test_kernel_scale_is_the_rescale_rule_applied_at_construction():
+    """A layer built with kernel_scale s starts where a layer of scale 1 lands after
+    rescale_kernels(s): one rule for initialisation in image units and for new grids."""
+    for scale in (2.0, (1.5, 0.75)):
+        torch.manual_seed(0)
+        scaled = SSoGAttention(DIM, HEADS, steer=("mu",), kernel_scale=scale)
+        torch.manual_seed(0)
+        reference = SSoGAttention(DIM, HEADS, steer=("mu",))
+        reference.rescale_kernels(scale)
+        torch.testing.assert_close(scaled.mu, reference.mu)
+        torch.testing.assert_close(scaled.sigma(), reference.sigma())
+        assert scaled.steer_radius == reference.steer_radius
+    anisotropic = SSoGAttention(DIM, HEADS, kernel_scale=(2.0, 1.0))
+    plain = SSoGAttention(DIM, HEADS)
+    torch.testing.assert_close(anisotropic.mu[..., 0], 2 * plain.mu[..., 0])
+    torch.testing.assert_close(anisotropic.mu[..., 1], plain.mu[..., 1])
+    assert anisotropic.steer_radius == (8.0, 4.0)
+
+
+def test_kernel_scale_keeps_the_width_floor():
+    layer = SSoGAttention(DIM, HEADS, kernel_scale=0.25)  # ladder 0.125-1 tokens, floor 0.3
+    assert layer.sigma().min().item() == pytest.approx(0.30, abs=1e-6)
+    assert layer.sigma().max().item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_anisotropic_steer_radius_bounds_each_axis():
+    layer = SSoGAttention(DIM, HEADS, steer=("mu",), steer_gate_init=20.0, kernel_scale=(2.0, 0.5))
+    with torch.no_grad():
+        layer.steer_proj["mu"].weight.mul_(1e4)  # saturate tanh
+    mu, _, _ = layer.mixture(torch.randn(2, 16, DIM))
+    shift = (mu - layer.mu.unsqueeze(1)).abs().amax(dim=(0, 1, 2, 3))
+    torch.testing.assert_close(shift, torch.tensor([8.0, 2.0]), atol=1e-3, rtol=0)
 
 
 def test_half_precision_forward_matches_fp32():
@@ -227,6 +261,9 @@ def test_layers_run_on_cuda(layer_class):
         (dict(steer=("mu", "theta")), "cannot steer"),
         (dict(steer_radius=-1.0), "steer_radius"),
         (dict(backend="flash"), "unknown backend"),
+        (dict(kernel_scale=0.0), "kernel_scale"),
+        (dict(kernel_scale=(1.0, 2.0, 3.0)), "kernel_scale"),
+        (dict(kernel_scale=float("nan")), "kernel_scale"),
     ],
 )
 def test_bad_construction_raises_value_error(kwargs, message):

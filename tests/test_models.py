@@ -207,6 +207,55 @@ def test_set_input_size_resizes_patch_and_position_embedding():
     assert model.pos_embed.shape == (1, 32 * 32, 128)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernels_start_in_image_units(family):
+    """On any grid a layer starts covering what it covers on the 8x8 reference grid; the
+    reference grid keeps the layer's own (token-unit) initialisation exactly."""
+    name = f"ssog_{family}_tiny_patch4_32"
+    torch.manual_seed(0)
+    reference = timm.create_model(name)  # 8x8 tokens
+    first = next(m for m in reference.modules() if isinstance(m, SSoGAttention))
+    plain = SSoGAttention(first.dim, first.num_heads, num_prefix_tokens=first.num_prefix_tokens)
+    torch.testing.assert_close(first.mu, plain.mu, rtol=0, atol=0)
+    torch.testing.assert_close(first.rho, plain.rho, rtol=0, atol=0)
+    for kwargs, scale in ((dict(patch_size=2), (2.0, 2.0)), (dict(img_size=(32, 64)), (1.0, 2.0)),
+                          (dict(patch_size=2, kernel_units="tokens"), (1.0, 1.0))):
+        model = timm.create_model(name, **kwargs)
+        layer = next(m for m in model.modules() if isinstance(m, SSoGAttention))
+        torch.testing.assert_close(layer.mu, first.mu * torch.tensor(scale))
+        torch.testing.assert_close(layer.sigma(), first.sigma() * torch.tensor(scale))
+        assert layer.steer_radius == (4.0 * scale[0], 4.0 * scale[1])
+    paper = meta_model(f"ssog_{family}_small_patch16_224")
+    assert paper.config()["initial_kernels"] == {
+        "centre_radius": [3.5, 3.5], "width_min": [0.875, 0.875], "width_max": [7.0, 7.0],
+        "steer_radius": [7.0, 7.0],
+    }
+    with pytest.raises(ValueError, match="kernel_units only applies to op='ssog'"):
+        timm.create_model(f"mha_{family}_tiny_patch4_32", kernel_units="image")
+    with pytest.raises(ValueError, match="unknown kernel_units 'pixels'"):
+        timm.create_model(name, kernel_units="pixels")
+
+
+def test_set_input_size_rescales_each_axis_by_its_grid_ratio():
+    model = timm.create_model("ssog_vit_tiny_patch4_32")
+    layer = model.blocks[0].attn
+    mu, sigma = layer.mu.clone(), layer.sigma().clone()
+    model.set_input_size(img_size=(64, 32), rescale_kernels=True)
+    torch.testing.assert_close(layer.mu, mu * torch.tensor([2.0, 1.0]))
+    torch.testing.assert_close(layer.sigma(), sigma * torch.tensor([2.0, 1.0]))
+    assert model(torch.randn(1, 3, 64, 32)).shape == (1, 10)
+
+
+def test_converted_timm_vit_starts_in_image_units():
+    from ssog import convert
+
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=4)  # 16x16 tokens
+    layer = convert(vit).blocks[0].attn
+    assert layer.steer_radius == (8.0, 8.0)
+    pinned = convert(timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=4), kernel_units="tokens")
+    torch.testing.assert_close(layer.mu, 2 * pinned.blocks[0].attn.mu)
+
+
 # ----------------------------------------------------------------------------- timm contract
 @pytest.mark.parametrize("family", FAMILIES)
 def test_timm_contract(family):

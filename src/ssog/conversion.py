@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .layers import SSoGAttention, named_mixers
+from .layers import SSoGAttention, kernel_scale_for_grid, named_mixers
 
 __all__ = ["ConvertedAttention", "convert", "convert_state_dict"]
 
@@ -44,12 +44,15 @@ class ConvertedAttention(SSoGAttention):
         return super().forward(x, grid)
 
 
-def convert(model: nn.Module, **ssog_options: Any) -> nn.Module:
+def convert(model: nn.Module, kernel_units: str = "image", **ssog_options: Any) -> nn.Module:
     """Replace every attention of the timm ``VisionTransformer`` ``model`` by SSoG, in place.
 
     Args:
         model: a timm ``VisionTransformer`` (ViT, DeiT and distilled DeiT, with registers...)
             whose blocks have ``attn.qkv`` and ``attn.proj``.
+        kernel_units: ``"image"``: the initial kernel lengths are scaled by the model's token
+            grid over 8, as in the ssog models (``kernel_units`` of
+            :class:`~ssog.models._base.ViTBase`); ``"tokens"``: as given.
         **ssog_options: :class:`~ssog.layers.SSoGAttention` options (``num_atoms``,
             ``sigma_min``, ``steer``, ``centre_init``, ...).
 
@@ -63,6 +66,7 @@ def convert(model: nn.Module, **ssog_options: Any) -> nn.Module:
         raise ValueError(f"convert() takes a timm VisionTransformer (blocks, patch_embed), got {type(model).__name__}")
     if getattr(model, "dynamic_img_size", False):
         raise ValueError("convert() needs a fixed token grid: build the timm model with dynamic_img_size=False")
+    ssog_options = {"kernel_scale": kernel_scale_for_grid(patch_embed.grid_size, kernel_units), **ssog_options}
     mixers = []
     for index, block in enumerate(blocks):
         mixers.append(_convert_attention(block.attn, model.num_prefix_tokens, f"blocks.{index}.attn", ssog_options))

@@ -2,9 +2,13 @@
 from .attention import MultiHeadAttention
 from .mixers import MIXER_TYPES, named_mixers, ssog_mixers
 from .norm import CenterNorm
-from .ssog_attention import STEERABLE, SSoGAttention, multiscale_widths
+from .ssog_attention import (
+    KERNEL_UNITS, REFERENCE_GRID, STEERABLE, SSoGAttention, describe_initial_kernels, kernel_scale_for_grid,
+    multiscale_widths,
+)
 
 __all__ = [
-    "CenterNorm", "MIXER_TYPES", "MultiHeadAttention", "SSoGAttention", "STEERABLE", "multiscale_widths",
-    "named_mixers", "ssog_mixers",
+    "CenterNorm", "KERNEL_UNITS", "MIXER_TYPES", "MultiHeadAttention", "REFERENCE_GRID", "SSoGAttention",
+    "STEERABLE", "describe_initial_kernels", "kernel_scale_for_grid", "multiscale_widths", "named_mixers",
+    "ssog_mixers",
 ]

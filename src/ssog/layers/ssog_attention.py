@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,14 @@ STEERABLE = ("mu", "sigma", "lambda")
 CENTRE_INITS = ("ring", "normal", "zero")
 #: How the fixed widths ``sigma`` start (:func:`initial_widths`).
 WIDTH_INITS = ("ladder", "narrow")
+#: Tokens per side of the grid on which the initial lengths (centre ring, width ladder) and
+#: the steering radius are given. A model initialises its kernels in image units: on a grid
+#: of ``G`` tokens those lengths are multiplied by ``G / REFERENCE_GRID`` (:func:`kernel_scale_for_grid`),
+#: so a layer starts covering the same fraction of the image at any patch size or resolution.
+#: 8 is the grid where the defaults were chosen (CIFAR at patch 4, docs/results/accuracy.md).
+REFERENCE_GRID = 8
+#: How a model sets its layers' ``kernel_scale`` (:func:`kernel_scale_for_grid`).
+KERNEL_UNITS = ("image", "tokens")
 
 
 def _inverse_softplus(y: Tensor) -> Tensor:
@@ -71,6 +80,47 @@ def initial_widths(num_heads: int, num_atoms: int, kind: str = "ladder") -> Tens
     raise ValueError(f"unknown width_init {kind!r}; expected one of {WIDTH_INITS}")
 
 
+def kernel_scale_for_grid(grid_size: tuple[int, int], units: str = "image") -> tuple[float, float]:
+    """The ``kernel_scale (y, x)`` of a layer on a ``grid_size = (Hg, Wg)`` token grid.
+
+    ``"image"``: ``(Hg / REFERENCE_GRID, Wg / REFERENCE_GRID)``, so the initial centres and
+    widths and the steering radius cover the same fraction of the image on every grid (on
+    14x14 tokens, 224 px at patch 16: a ring of 3.5 tokens, widths 0.875 to 7, a steering
+    radius of 7, the paper's M). ``"tokens"``: ``(1, 1)``, the lengths as given, whatever
+    the grid.
+    """
+    if units not in KERNEL_UNITS:
+        raise ValueError(f"unknown kernel_units {units!r}; expected one of {KERNEL_UNITS}")
+    if units == "tokens":
+        return 1.0, 1.0
+    rows, cols = grid_size
+    return rows / REFERENCE_GRID, cols / REFERENCE_GRID
+
+
+def describe_initial_kernels(num_heads: int, options: dict[str, Any]) -> dict[str, list[float]]:
+    """Where the kernels of an :class:`SSoGAttention` built with ``options`` start, in tokens
+    per axis ``[y, x]``: the centres' ring radius (``normal``: their standard deviation), the
+    smallest and largest initial width, and the steering radius (what ``ssog info`` shows)."""
+    scale = torch.tensor(_axis_pair(options.get("kernel_scale", 1.0), "kernel_scale"), dtype=torch.float64)
+    radius = 0.0 if options["centre_init"] == "zero" else options["centre_radius"]
+    widths = initial_widths(num_heads, options["num_atoms"], options["width_init"]).double()
+    floor = options["sigma_min"] + 0.05
+    return {
+        "centre_radius": (radius * scale).tolist(),
+        "width_min": (widths.min() * scale).clamp_min(floor).tolist(),
+        "width_max": (widths.max() * scale).clamp_min(floor).tolist(),
+        "steer_radius": (options["steer_radius"] * scale).tolist(),
+    }
+
+
+def _axis_pair(scale: float | Sequence[float], name: str) -> tuple[float, float]:
+    """``scale`` as a ``(y, x)`` pair of finite numbers > 0 (one number: both axes)."""
+    pair = (scale, scale) if isinstance(scale, (int, float)) else tuple(scale)
+    if len(pair) != 2 or not all(isinstance(v, (int, float)) and 0 < v < math.inf for v in pair):
+        raise ValueError(f"{name} must be a number > 0 or a (y, x) pair of them, got {scale!r}")
+    return float(pair[0]), float(pair[1])
+
+
 class SSoGAttention(nn.Module):
     """Mix patch tokens with a learned sum of separable Gaussians per head.
 
@@ -84,7 +134,10 @@ class SSoGAttention(nn.Module):
     (:func:`initial_centres`; ``"zero"`` is a blur around the query that cannot tell left
     from right); widths on a geometric ladder from 0.5 to 4 tokens spread over the atoms
     and heads (:func:`initial_widths`, never below ``sigma_min + 0.05``); equal mixture
-    weights. docs/results/accuracy.md measures these choices.
+    weights. docs/results/accuracy.md measures these choices. ``kernel_scale`` (a number
+    or a ``(y, x)`` pair) multiplies these lengths and the steering radius per axis: the
+    models set it to their token grid over :data:`REFERENCE_GRID` (:func:`kernel_scale_for_grid`), so
+    that the lengths above hold on an 8x8 grid and scale with the grid, in image units.
 
     Steering (``steer`` any subset of ``{"mu", "sigma", "lambda"}``) makes those
     parameters depend on the query token ``u`` (the block's normalised input)::
@@ -103,6 +156,8 @@ class SSoGAttention(nn.Module):
         dim: token width ``D``; num_heads: ``H`` (must divide ``D``); num_atoms: ``R``.
         sigma_min: width floor in tokens (> 0). backend: see :func:`ssog.ops.ssog_mix`.
         centre_init, centre_radius, width_init: kernel initialisation, see above.
+        kernel_scale: multiplies the initial centres and widths and ``steer_radius``, per
+            axis ``(y, x)``; ``1``: the lengths as given, in tokens.
         qkv_bias: bias of the value projection (named for drop-in use with timm blocks).
         device, dtype: where and in which dtype the parameters are created (timm's factory
             arguments; ``device="meta"`` allocates nothing).
@@ -124,6 +179,7 @@ class SSoGAttention(nn.Module):
         centre_init: str = "ring",
         centre_radius: float = 2.0,
         width_init: str = "ladder",
+        kernel_scale: float | tuple[float, float] = 1.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -133,11 +189,13 @@ class SSoGAttention(nn.Module):
                             steer_radius=steer_radius, centre_radius=centre_radius,
                             num_prefix_tokens=num_prefix_tokens, backend=backend)
 
+        scale = _axis_pair(kernel_scale, "kernel_scale")
         self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
         self.head_dim = dim // num_heads
         self.sigma_min = float(sigma_min)
         self.steer = check_steer(steer, STEERABLE)
-        self.steer_radius = float(steer_radius)
+        #: ``M`` of the steered centres per axis ``(y, x)``, in tokens.
+        self.steer_radius: tuple[float, float] = (steer_radius * scale[0], steer_radius * scale[1])
         self.num_prefix_tokens = num_prefix_tokens
         self.backend = backend
 
@@ -145,10 +203,12 @@ class SSoGAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
-        widths = initial_widths(num_heads, num_atoms, width_init).clamp_min(self.sigma_min + 0.05)
-        self.mu = nn.Parameter(initial_centres(num_heads, num_atoms, centre_init, centre_radius).to(**dd))
-        rho = _inverse_softplus(widths - self.sigma_min)
-        self.rho = nn.Parameter(rho.unsqueeze(-1).repeat(1, 1, 2).to(**dd))
+        scale_yx = torch.tensor(scale, dtype=torch.float32)
+        widths = (initial_widths(num_heads, num_atoms, width_init).unsqueeze(-1) * scale_yx).clamp_min(
+            self.sigma_min + 0.05)
+        centres = initial_centres(num_heads, num_atoms, centre_init, centre_radius) * scale_yx
+        self.mu = nn.Parameter(centres.to(**dd))
+        self.rho = nn.Parameter(_inverse_softplus(widths - self.sigma_min).to(**dd))
         self.logits = nn.Parameter(torch.zeros(num_heads, num_atoms, **dd))
 
         components = {"mu": 2, "sigma": 2, "lambda": 1}
@@ -204,7 +264,9 @@ class SSoGAttention(nn.Module):
         rho = self.rho.unsqueeze(1).expand(*shape, 2)
         logits = self.logits.unsqueeze(1).expand(*shape)
         if "mu" in self.steer:
-            mu = mu + self.steer_radius * torch.tanh(steering("mu", 2))
+            radius_y, radius_x = self.steer_radius
+            reach = radius_y if radius_y == radius_x else mu.new_tensor(self.steer_radius)
+            mu = mu + reach * torch.tanh(steering("mu", 2))
         if "sigma" in self.steer:
             rho = rho + steering("sigma", 2)
         if "lambda" in self.steer:
@@ -212,15 +274,17 @@ class SSoGAttention(nn.Module):
         return mu, self.sigma_min + F.softplus(rho), logits.softmax(dim=-1)
 
     @torch.no_grad()
-    def rescale_kernels(self, scale: float) -> None:
-        """Scale centres and widths (tokens) by ``scale``, e.g. the grid ratio when the same
-        image is cut into smaller patches, so each Gaussian covers the same image area."""
-        if not scale > 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
-        sigma = self.sigma() * scale
-        self.mu.mul_(scale)
+    def rescale_kernels(self, scale: float | tuple[float, float]) -> None:
+        """Scale centres, widths and the steering radius (tokens) by ``scale``, one number or
+        per axis ``(y, x)``: the grid ratio new/old when the same image is cut into another
+        number of tokens, so each Gaussian keeps covering the same image area (the rule of
+        :func:`kernel_scale_for_grid`)."""
+        scale = _axis_pair(scale, "scale")
+        factor = self.mu.new_tensor(scale)
+        sigma = self.sigma() * factor
+        self.mu.mul_(factor)
         self.rho.copy_(_inverse_softplus((sigma - self.sigma_min).clamp_min(1e-4)))
-        self.steer_radius *= scale
+        self.steer_radius = (self.steer_radius[0] * scale[0], self.steer_radius[1] * scale[1])
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
@@ -301,6 +365,6 @@ class SSoGAttention(nn.Module):
 
 
 __all__ = [
-    "SSoGAttention", "STEERABLE", "CENTRE_INITS", "WIDTH_INITS", "initial_centres", "initial_widths",
-    "multiscale_widths",
+    "SSoGAttention", "STEERABLE", "CENTRE_INITS", "WIDTH_INITS", "KERNEL_UNITS", "REFERENCE_GRID",
+    "describe_initial_kernels", "initial_centres", "initial_widths", "kernel_scale_for_grid", "multiscale_widths",
 ]

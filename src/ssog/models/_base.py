@@ -17,7 +17,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import Tensor, nn
 
-from ..layers import SSoGAttention, named_mixers, ssog_mixers
+from ..layers import SSoGAttention, describe_initial_kernels, kernel_scale_for_grid, named_mixers, ssog_mixers
 from ._blocks import resolve_mixer_args
 
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
@@ -51,6 +51,12 @@ class ViTBase(nn.Module):
             centre_radius, width_init: SSoG options,
             forwarded to :class:`~ssog.layers.SSoGAttention` (``None`` = its default); an
             error with ``op="mha"``.
+        kernel_units: ``"image"`` (SSoG default): the initial kernel lengths
+            (``centre_radius``, the width ladder) and ``steer_radius`` are given for an 8x8
+            token grid and scaled by this model's grid over 8 per axis, so every layer starts
+            covering the same fraction of the image whatever the patch size and resolution
+            (:func:`~ssog.layers.ssog_attention.kernel_scale_for_grid`); ``"tokens"``: as
+            given, in tokens of this model's grid. An error with ``op="mha"``.
     """
 
     #: Family name used in registered model names, and the keyword of its number of
@@ -83,6 +89,7 @@ class ViTBase(nn.Module):
         centre_init: str | None = None,
         centre_radius: float | None = None,
         width_init: str | None = None,
+        kernel_units: str | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -99,6 +106,12 @@ class ViTBase(nn.Module):
             steer_radius=steer_radius, steer_gate_init=steer_gate_init, backend=backend,
             centre_init=centre_init, centre_radius=centre_radius, width_init=width_init,
         )
+        if op != "ssog" and kernel_units is not None:
+            raise ValueError(f"kernel_units only applies to op='ssog', not op={op!r}")
+        self.kernel_units = (kernel_units or "image") if op == "ssog" else None
+        if self.ssog_args:
+            grid = tuple(s // p for s, p in zip(to_2tuple(img_size), to_2tuple(patch_size)))
+            self.ssog_args["kernel_scale"] = kernel_scale_for_grid(grid, self.kernel_units)
         self.op = op
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -165,7 +178,9 @@ class ViTBase(nn.Module):
             "class_token": self.has_class_token,
             "drop_path_rate": self.drop_path_rate,
             **self._family_config(),
-            **({"ssog": {k: list(v) if isinstance(v, tuple) else v for k, v in self.ssog_args.items()}}
+            **({"ssog": {k: list(v) if isinstance(v, tuple) else v for k, v in self.ssog_args.items()},
+                "kernel_units": self.kernel_units,
+                "initial_kernels": describe_initial_kernels(self.num_heads, self.ssog_args)}
                if self.ssog_args else {}),
         }
 
@@ -229,9 +244,9 @@ class ViTBase(nn.Module):
 
         The patch-embedding kernel is PI-resized and the position embedding resampled
         (bicubic) to the new grid, both by timm. With ``rescale_kernels`` every SSoG layer's
-        ``mu`` and ``sigma`` (token units) are multiplied by the grid ratio so each Gaussian
-        keeps covering the same image area (Table 13, "rescaled"); the ratio must be the
-        same along both axes.
+        ``mu``, ``sigma`` and steering radius (token units) are multiplied by the grid ratio
+        new/old per axis, so each Gaussian keeps covering the same image area (Table 13,
+        "rescaled"; the rule of ``kernel_units="image"``).
         """
         old_grid = self.patch_embed.grid_size
         self.patch_embed.set_input_size(
@@ -248,14 +263,8 @@ class ViTBase(nn.Module):
                 requires_grad=self.pos_embed.requires_grad,
             )
         if rescale_kernels:
-            ratio_y, ratio_x = new_grid[0] / old_grid[0], new_grid[1] / old_grid[1]
-            if ratio_y != ratio_x:
-                raise ValueError(
-                    f"rescale_kernels needs the same grid ratio along both axes, got "
-                    f"{old_grid} -> {new_grid}"
-                )
             for module in ssog_mixers(self):
-                module.rescale_kernels(ratio_y)
+                module.rescale_kernels((new_grid[0] / old_grid[0], new_grid[1] / old_grid[1]))
 
     # ------------------------------------------------------------------ timm model contract
     def forward_features(self, x: Tensor) -> Tensor:
