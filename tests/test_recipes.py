@@ -92,3 +92,24 @@ def test_recipes_keep_the_papers_settings():
         settings = load_recipe(path)
         assert (settings["img_size"], settings["epochs"], settings["augment"]) == (224, 500, "strong")
     assert resolve_config(CONFIGS / "ablations/table01_steering.yaml", "fixed").model_kwargs["num_atoms"] == 4
+
+
+def _initial_kernels(path: str, variant: str | None) -> dict:
+    cfg = resolve_config(CONFIGS / path, variant)
+    with torch.device("meta"):
+        model = build_model(cfg, 100, 3, cfg.img_size or 32)
+    return model.config()["initial_kernels"]
+
+
+def test_paper_scale_recipes_start_kernels_in_image_units():
+    """224 px at patch 16 (14x14 tokens): the 8x8 defaults scaled by 14/8, and the steering
+    radii of Table 9 in the paper's own tokens."""
+    start = _initial_kernels("width/width_vit_ssog.yaml", "base")
+    assert start["centre_radius"] == [3.5, 3.5] and start["width_max"] == [7.0, 7.0]
+    for variant, radius in (("radius_2", 2.0), ("radius_4", 4.0), ("radius_7", 7.0)):
+        assert _initial_kernels("ablations/table09_radius.yaml", variant)["steer_radius"] == [radius, radius]
+    assert _initial_kernels("ablations/table01_steering.yaml", "full_cold")["steer_radius"] == [7.0, 7.0]
+    # the fine-grid recipe: twice the 8x8 start; its token-unit row and the old patch-2 row: the 8x8 start
+    assert _initial_kernels("cifar10_fine.yaml", "ssog")["centre_radius"] == [4.0, 4.0]
+    assert _initial_kernels("cifar10_fine.yaml", "ssog_token_units")["centre_radius"] == [2.0, 2.0]
+    assert _initial_kernels("ablations/cpu_accuracy.yaml", "ssog_patch2")["centre_radius"] == [1.0, 1.0]
