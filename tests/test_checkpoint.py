@@ -147,8 +147,8 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch, ti
 
     original = Trainer.save_last
 
-    def save_then_crash(self):
-        original(self)
+    def save_then_crash(self, **kwargs):
+        original(self, **kwargs)
         if self.global_step == 6:  # mid-epoch 2 (4 steps per epoch)
             raise KeyboardInterrupt
 

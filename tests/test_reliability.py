@@ -50,12 +50,13 @@ def _tiny_args(tiny_config, output) -> list[str]:
 
 # ---------------------------------------------------------------- bad settings: nothing is created
 @pytest.mark.parametrize("args, message", [
-    (["--data-dir", "missing"], "data folder missing does not exist"),  # imagefolder inferred
+    (["--data-dir", "missing"], "/missing does not exist"),  # imagefolder inferred
     (["--dataset", "digits", "--data-dir", "."], "dataset 'digits' reads no files"),
     (["--set", "lr=[1"], "override 'lr=[1': the value is not valid YAML"),
     (["--img-size", "0"], "img_size must be >= 1"),
     (["--weight-decay", "-1"], "weight_decay must be >= 0"),
-    (["--seed", "-1"], "seed must be >= 0"),
+    (["--seed", "-1"], "seed (--seed) must be in [0, 4294967295]"),
+    (["--seed", "4294967296"], "seed (--seed) must be in [0, 4294967295] (numpy and scikit-learn take 32-bit seeds"),
     (["--lr", "inf"], "lr must be a finite number, got inf"),
     (["--set", "clip_grad=0"], "clip_grad must be > 0 or null"),
     (["--output", "a_file"], "--output a_file is an existing file"),

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
-__all__ = ["DTYPES", "autocast", "resolve_device", "resolve_dtype"]
+__all__ = ["DTYPES", "autocast", "check_plotting", "is_out_of_memory", "resolve_device", "resolve_dtype"]
+
+_CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
 
 #: The dtype vocabulary of every command and config: short names (also mixed-precision
 #: ``amp`` levels) and torch's own names for the same dtypes.
@@ -48,3 +51,28 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "none" or resolve_dtype(precision) == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=resolve_dtype(precision))
+
+
+def check_plotting() -> None:
+    """Raise a ValueError naming ``MPLBACKEND`` when its value keeps matplotlib from importing.
+
+    ssog draws its figures on bare ``Figure`` objects into files and needs no backend, but
+    matplotlib checks ``MPLBACKEND`` when it is imported; commands call this before their work
+    so that a bad value stops them at once, not after an epoch or a sweep.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ValueError as error:
+        backend = os.environ.get("MPLBACKEND")
+        if backend is None or "backend" not in str(error):
+            raise
+        raise ValueError(f"MPLBACKEND={backend!r} is not a matplotlib backend, and matplotlib does not import "
+                         "with it; unset MPLBACKEND (ssog draws its figures into files and needs no backend) "
+                         "or set MPLBACKEND=Agg") from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (CUDA OOM, a failed CPU allocation, MemoryError)."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(message in str(error).lower() for message in _CPU_OOM_MESSAGES)

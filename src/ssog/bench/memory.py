@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["is_out_of_memory", "peak_memory", "tensor_bytes"]
+from ssog.runtime import is_out_of_memory
 
-_CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
+__all__ = ["is_out_of_memory", "peak_memory", "tensor_bytes"]
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -108,11 +108,3 @@ def _native_stderr_silenced() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
 
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocation failure (CUDA OOM or a failed CPU allocation)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(
-        message in str(error).lower() for message in _CPU_OOM_MESSAGES
-    )

@@ -40,6 +40,8 @@ _FLAGS: list[tuple[str, str, str]] = [
     ("--linear-probe", "linear_probe", "train only the classifier on a frozen backbone"),
     ("--tensorboard", "tensorboard", "also log to TensorBoard (OUTPUT/tensorboard)"),
     ("--compile", "compile", "train through torch.compile (first steps slower while it compiles)"),
+    ("--overwrite", "overwrite", "replace the files of an earlier run in --output (only those: config.yaml, "
+                                 "checkpoints, logs, curves, summary)"),
 ]
 
 
@@ -58,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--variant", help="variant of the recipe to run (e.g. one row of an ablation)")
     parser.add_argument("--list-variants", action="store_true", help="print the recipe's variants and exit")
     parser.add_argument("--output", "-o",
-                        help="run folder (default: runs/<recipe>/<variant> for a recipe, else runs/<timestamp>)")
+                        help="run folder (default: runs/<recipe>/<variant> for a recipe, else runs/<timestamp>-<hex>); "
+                             "a folder holding another run is refused unless --overwrite")
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the run in DIR from its last checkpoint; only --no-progress, --threads, "
                              "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change")

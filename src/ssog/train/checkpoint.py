@@ -10,18 +10,19 @@ previous checkpoint intact, never a mix of two. Loading never unpickles anything
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save_file
+from safetensors.torch import save as save_safetensors
+
+from ssog.files import replacing
 
 __all__ = [
-    "FORMAT", "save_checkpoint", "load_checkpoint", "read_checkpoint_info",
+    "FORMAT", "save_checkpoint", "save_checkpoints", "load_checkpoint", "read_checkpoint_info",
     "check_state_dict", "checkpoint_path",
 ]
 
@@ -73,30 +74,36 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``path`` atomically (temporary file in the same folder + rename).
+    """Write ``state`` to ``path`` atomically (:func:`ssog.files.replacing`: a temporary file in
+    the same folder, renamed over the old one; a full disk leaves the old file and a one-line
+    :class:`~ssog.files.WriteError`).
 
     The ``model`` (and ``ema``) entries must be flat state dicts: their tensors are stored
     as ``model/<parameter name>``, readable by any safetensors tool.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    skeleton = _encode(state, "", tensors)
-    skeleton_json = json.dumps(skeleton)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "ssog_format": FORMAT, _META_KEY: skeleton_json})
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # make the rename itself durable
-    finally:
-        os.close(directory)
-    return path
+    return save_checkpoints({path: state})[0]
+
+
+def save_checkpoints(states: Mapping[str | Path, dict[str, Any]]) -> list[Path]:
+    """Write several checkpoints (a run's ``best`` and ``last``) so that they change together:
+    every one is written to its temporary before any replaces its file, so a full disk or an
+    error leaves all of them as they were. Returns the paths."""
+    paths = [Path(path) for path in states]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(*paths) as temporaries:
+        for tmp, state in zip(temporaries, states.values()):
+            tensors: dict[str, torch.Tensor] = {}
+            skeleton_json = json.dumps(_encode(state, "", tensors))
+            # Serialised in memory and written by Python, not by safetensors' save_file: its
+            # errors (a full disk) are then OSErrors naming the cause.
+            data = save_safetensors(tensors, metadata={"format": "pt", "ssog_format": FORMAT,
+                                                       _META_KEY: skeleton_json})
+            del tensors
+            with open(tmp, "xb") as handle:
+                handle.write(data)
+            del data  # one serialised checkpoint in memory at a time
+    return paths
 
 
 def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -160,12 +167,18 @@ def checkpoint_path(run_or_file: str | Path, name: str = "last") -> Path:
     path = Path(run_or_file)
     if path.is_dir():
         candidate = path / f"{name}.safetensors"
-        if not candidate.is_file():
+        if candidate.is_file():
+            return candidate
+        others = sorted(p.name for p in path.glob("*.safetensors"))
+        if others:
             raise FileNotFoundError(
-                f"no checkpoint {candidate}: {path} is not a run folder with a saved checkpoint "
-                f"(runs write last.safetensors and best.safetensors)"
+                f"the run folder {path} has no {candidate.name} (it holds {', '.join(others)}); "
+                f"pass one of those files, e.g. {path / others[0]}"
             )
-        return candidate
+        raise FileNotFoundError(
+            f"{path} holds no checkpoint: expected a run folder of ssog train (last.safetensors, "
+            f"best.safetensors) or a .safetensors file"
+        )
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     return path

@@ -29,6 +29,8 @@ __all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "re
 DEFAULT_MODEL = "ssog_vit_digits_patch2_8"
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
+# Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
+_SEED_LIMIT = 2**32
 
 
 @dataclass
@@ -89,7 +91,9 @@ class TrainConfig:
     # quiet cores), and beside one busy process two threads made it 1.8-2x slower (15x before
     # the command line capped OpenMP's spinning; docs/results/digits_default.md).
     threads: int | None = 1
-    output: str | None = None  # None: runs/<timestamp>
+    output: str | None = None  # None: runs/<timestamp>-<random hex>
+    # replace the files of an earlier run in `output` (never other files); results unchanged
+    overwrite: bool = False
     checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
     progress: bool = True
     compile: bool = False  # train through torch.compile (the model's forward and backward)
@@ -110,8 +114,10 @@ class TrainConfig:
         checks = [
             (self.epochs >= 1, "epochs must be >= 1"),
             (self.img_size is None or self.img_size >= 1, "img_size must be >= 1 (pixels) or null"),
-            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
-            (self.split_seed >= 0, f"split_seed must be >= 0, got {self.split_seed}"),
+            *((0 <= value < _SEED_LIMIT,
+               f"{name} must be in [0, {_SEED_LIMIT - 1}] (numpy and scikit-learn take 32-bit seeds, so a larger "
+               f"one would repeat a smaller one's run), got {value}")
+              for name, value in (("seed (--seed)", self.seed), ("split_seed", self.split_seed))),
             (self.crop_pct is None or 0 < self.crop_pct <= 1, "crop_pct must be in (0, 1] or null"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset must be >= 1 or null"),

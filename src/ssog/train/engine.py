@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
+import shutil
 import signal
+import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -42,25 +45,40 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ssog.data import get_augmentation
+from ssog.files import FolderLock, WriteError, is_temporary, write_atomic
+from ssog.runtime import check_plotting, is_out_of_memory
 from ssog.train.builders import TIMM_INIT_PREFIX, build_data, build_model
-from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
+from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoints
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
-from ssog.train.logger import RunLogger, logging_backends, progress_bar, write_text_atomic
+from ssog.train.logger import RunLogger, logging_backends, progress_bar
 from ssog.train.metrics import GradNormMeter, autocast, evaluate
 from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
 
-__all__ = ["train", "Trainer", "TrainingDiverged", "TrainingInterrupted", "RESUME_SETTINGS", "RESUME_CHANGES"]
+__all__ = [
+    "train", "Trainer", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "RESUME_SETTINGS",
+    "RESUME_CHANGES", "RUN_FILES",
+]
 
 #: Settings ``--resume`` may change without changing the run's results.
 RESUME_SETTINGS = ("progress", "threads", "device", "num_workers")
 #: Settings ``--resume`` may change that change the results: the resumed run is then no
 #: longer bit-identical to an uninterrupted one (the learning-rate schedule is rebuilt).
 RESUME_CHANGES = ("lr", "epochs")
+#: What a run writes in its folder, and all it ever replaces or (with ``overwrite``) removes
+#: there; every other file is the user's. Its temporaries are named ``.<one of these>.*.ssog-tmp*``.
+RUN_FILES = ("config.yaml", "environment.json", "last.safetensors", "best.safetensors", "log.jsonl", "log.csv",
+             "curves.png", "summary.json", "tensorboard", "wandb")
+#: First line of the config.yaml a run writes: tells it from a user's recipe of that name.
+CONFIG_HEADER = "# ssog train: the resolved configuration of the run in this folder\n"
 
 
 class TrainingDiverged(FloatingPointError):
     """The loss or the weights became non-finite; ``last.safetensors`` keeps the last finite state."""
+
+
+class TrainingOutOfMemory(MemoryError):
+    """The device ran out of memory; ``last.safetensors`` keeps the last completed checkpoint."""
 
 
 class TrainingInterrupted(Exception):
@@ -214,13 +232,17 @@ class Trainer:
             "best": self.best,
         }
 
-    def save_last(self) -> None:
-        """Write ``last.safetensors``, unless the weights are no longer finite (then raise
-        :class:`TrainingDiverged`, keeping the previous, finite checkpoint)."""
+    def save_last(self, best: dict[str, Any] | None = None) -> None:
+        """Write ``last.safetensors`` (and, given the ``best`` epoch's metrics, ``best.safetensors``
+        with it: both change or neither does), unless the weights are no longer finite (then
+        raise :class:`TrainingDiverged`, keeping the previous, finite checkpoint)."""
         self._check_finite_weights()
         state = self._state()  # every process takes part (RNG gather)
         if self.main:
-            save_checkpoint(self.output / "last.safetensors", state)
+            states = {self.output / "last.safetensors": state}
+            if best is not None:
+                states = {self.output / "best.safetensors": self._best_state(best), **states}
+            save_checkpoints(states)
         self.saved_at = self.position()
 
     def _check_finite_weights(self) -> None:
@@ -274,14 +296,13 @@ class Trainer:
             for sig, old in previous.items():
                 signal.signal(sig, old)
 
-    def _save_best(self, metrics: dict[str, Any]) -> None:
-        self._check_finite_weights()
-        save_checkpoint(self.output / "best.safetensors", {
+    def _best_state(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {
             "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
             "model": self.model.state_dict(),
             "ema": self.ema.module.state_dict() if self.ema else None,
             "progress": {"epoch": self.epoch, "global_step": self.global_step}, "metrics": metrics,
-        })
+        }
 
     def _restore(self, state: dict[str, Any]) -> None:
         check_state_dict(self.model, state["model"], "the checkpoint")
@@ -399,7 +420,24 @@ class Trainer:
             self.logger = RunLogger(self.output, cfg.to_dict(), len(self.history), cfg.tensorboard,
                                     cfg.wandb_project)
         with self._signals_stop_at_step_boundary():
-            return self._run()
+            try:
+                return self._run()
+            except WriteError as error:  # a full disk: one line, the run resumable
+                raise WriteError(error.errno, f"{error}; {self._resumable()}") from error
+            except (RuntimeError, MemoryError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                raise TrainingOutOfMemory(
+                    f"out of memory on {self.ctx.device} at epoch {self.epoch + 1} step {self.global_step + 1} "
+                    f"({cfg.model}, batch {cfg.batch_size}, {self.data.img_size}px); {self._resumable()}") from None
+
+    def _resumable(self) -> str:
+        """Where a failed run can be resumed from."""
+        if self.saved_at is None:
+            return "no checkpoint had been saved yet"
+        epoch, step = self.saved_at
+        return (f"the last checkpoint {self.output / 'last.safetensors'} (epoch {epoch}, step {step}) is kept; "
+                f"resume it with ssog train --resume {self.output}")
 
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -415,18 +453,18 @@ class Trainer:
             if improved:
                 self.best = {"acc1": record["acc1"], "epoch": record["epoch"]}
             self.history.append(record)
+            # The checkpoints first, then the logs: a failure in between (a full disk) leaves a
+            # run resumable at this epoch, and resuming rewrites the logs from the history.
+            self.save_last(best=record if improved else None)
             if self.main:
                 self.logger.log_epoch(self.history, final=self.epoch == cfg.epochs)
-                if improved:
-                    self._save_best(record)
                 self.log(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
                          f"val loss {record['val_loss']:.4f}, Acc@1 {record['acc1']:.2f}, "
                          f"Acc@5 {record['acc5']:.2f} ({record['epoch_time_s']:.1f}s)")
-            self.save_last()
             self._stop_if_asked()
         summary = self._summary()
         if self.main:
-            write_text_atomic(self.output / "summary.json", json.dumps(summary, indent=2) + "\n")
+            write_atomic(self.output / "summary.json", json.dumps(summary, indent=2) + "\n")
             self.logger.close()
             self.log(_format_summary(summary, self.output))
         return summary
@@ -462,22 +500,48 @@ def _format_summary(summary: dict[str, Any], output: Path) -> str:
 
 
 def _output_dir(cfg: TrainConfig, ctx: DistContext) -> Path:
-    """``cfg.output`` or ``runs/<timestamp>`` (chosen by rank 0 and shared)."""
-    name = [cfg.output or str(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))]
+    """``cfg.output`` or ``runs/<timestamp>-<6 random hex digits>`` (chosen by rank 0 and shared):
+    runs started in the same second never share a folder."""
+    default = Path("runs") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    name = [cfg.output or str(default)]
     if ctx.distributed:
         dist.broadcast_object_list(name, src=0)
     return Path(name[0])
 
 
-def _check_output(output: Path, resuming: bool) -> None:
-    """Raise ValueError unless a new run (or the resumed one) can be written to ``output``."""
+def _is_run_config(path: Path) -> bool:
+    """Whether ``path`` is the config.yaml of a run (this version's header, or an older run's
+    full dump naming this folder), not a user's recipe that a run would replace."""
+    try:
+        text = path.read_text()
+        if text.startswith(CONFIG_HEADER):
+            return True
+        values = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return (isinstance(values, dict) and not {"base", "variants"} & set(values)
+            and set(values) <= set(TrainConfig.__dataclass_fields__) and len(values) >= 30
+            and values.get("output") is not None and Path(values["output"]).resolve() == path.parent.resolve())
+
+
+def _check_output(output: Path, resuming: bool, overwrite: bool = False) -> None:
+    """Raise ValueError unless a new run (or the resumed one) can be written to ``output``.
+
+    A new run refuses a folder that holds files of another run (:data:`RUN_FILES`) unless
+    ``overwrite``, and a ``config.yaml`` that is not a run's (a recipe) always.
+    """
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is an existing file, not a folder; choose another --output")
-    if not resuming:
-        for name in ("last.safetensors", "best.safetensors"):
-            if (output / name).exists():
-                hint = f"continue it with --resume {output} or " if name == "last.safetensors" else ""
-                raise ValueError(f"{output} already holds a run ({name}): {hint}choose another --output")
+    if not resuming and output.is_dir():
+        config = output / "config.yaml"
+        if config.is_file() and not _is_run_config(config):
+            raise ValueError(f"--output {output} holds a config.yaml that is not a run's (a recipe?), which the run "
+                             "would replace; choose another --output")
+        found = [name for name in RUN_FILES if (output / name).exists()]
+        if found and not overwrite:
+            hint = f"continue it with --resume {output}, " if "last.safetensors" in found else ""
+            raise ValueError(f"{output} already holds a run ({', '.join(found)}): {hint}choose another --output, "
+                             "or pass --overwrite to replace that run's files")
     existing = next(parent for parent in (output, *output.parents) if parent.exists())
     if not existing.is_dir():
         raise ValueError(f"--output {output}: {existing} is a file, not a folder; choose another --output")
@@ -485,14 +549,33 @@ def _check_output(output: Path, resuming: bool) -> None:
         raise ValueError(f"--output {output}: {existing} is not writable; choose another --output")
 
 
-def _create_run_folder(output: Path, cfg: TrainConfig) -> None:
+def _claim_run_folder(output: Path, cfg: TrainConfig, resuming: bool) -> FolderLock:
+    """Create and lock the run folder, check it again under the lock (another run may have
+    used it meanwhile), clear this run's leftovers and write ``config.yaml``."""
+    created = not output.exists()
     try:
         output.mkdir(parents=True, exist_ok=True)
-        for stale in output.glob(".*.tmp"):  # left by a process killed while saving
-            stale.unlink()
-        write_text_atomic(output / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        lock = FolderLock(output, "training run")
+    except FileExistsError as error:
+        raise ValueError(str(error)) from None
     except OSError as error:  # e.g. a read-only file system, which os.access may not tell
         raise ValueError(f"cannot write the run folder {output}: {error.strerror or error}") from error
+    try:
+        _check_output(output, resuming, cfg.overwrite)
+        ours = tuple(f".{name}." for name in RUN_FILES)
+        for entry in output.iterdir():
+            if is_temporary(entry) and entry.name.startswith(ours):  # left by a run killed while saving
+                entry.unlink()
+            elif cfg.overwrite and not resuming and entry.name in RUN_FILES:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        write_atomic(output / "config.yaml", CONFIG_HEADER + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except BaseException:
+        lock.release()
+        if created:
+            with suppress(OSError):
+                output.rmdir()  # only if empty: it was created for this run
+        raise
+    return lock
 
 
 def _apply_resume_changes(cfg: TrainConfig, changes: Mapping[str, Any], epochs_done: int) -> list[str]:
@@ -531,6 +614,8 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         raise ValueError("--resume continues a run with its saved configuration: give no other config")
     if resume_changes and resume is None:
         raise ValueError("resume_changes apply to a resumed run only")
+    if resume_changes and resume_changes.get("overwrite"):
+        raise ValueError("--overwrite starts a new run in place of another; --resume continues the run: give one")
     state, notes = None, []
     if resume is not None:
         path = checkpoint_path(resume, "last")
@@ -541,20 +626,43 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         cfg.output = str(path.parent)
         notes = _apply_resume_changes(cfg, resume_changes or {}, state["progress"]["epoch"])
     cfg = cfg or TrainConfig()
+    if state is None and cfg.data_dir is not None:
+        # Stored resolved: evaluating the run from another folder must read the same data.
+        cfg.data_dir = str(Path(cfg.data_dir).expanduser().resolve())
     logging_backends(cfg.tensorboard, cfg.wandb_project)  # a missing package is a setting error
+    check_plotting()
     ctx = init_distributed(cfg.device)
+    lock = None
     try:
         output = _output_dir(cfg, ctx)
         cfg.output = str(output)
         if ctx.is_main:
-            _check_output(output, resuming=state is not None)
+            _check_output(output, resuming=state is not None, overwrite=cfg.overwrite)
+            if cfg.linear_probe and not cfg.init_from:
+                print("warning: --linear-probe without --init-from trains a classifier on a randomly initialised, "
+                      "frozen backbone; give --init-from CKPT to probe a trained one", file=sys.stderr)
         with torch_settings(cfg, ctx):
-            trainer = Trainer(cfg, ctx, output, state)
+            trainer = _build_trainer(cfg, ctx, output, state)
             if ctx.is_main:
-                _create_run_folder(output, cfg)
-                for note in notes:
+                lock = _claim_run_folder(output, cfg, resuming=state is not None)
+                for note in ([lock.note] if lock.note else []) + notes:
                     trainer.log(note)
             return trainer.run()
     finally:
+        if lock is not None:
+            lock.release()
         if ctx.distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _build_trainer(cfg: TrainConfig, ctx: DistContext, output: Path, state: dict[str, Any] | None) -> Trainer:
+    """:class:`Trainer`, with running out of memory while building it (a model too large for the
+    device at this ``img_size``) as one line."""
+    try:
+        return Trainer(cfg, ctx, output, state)
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        size = f"img_size {cfg.img_size}" if cfg.img_size else "the data's image size"
+        raise TrainingOutOfMemory(f"out of memory on {ctx.device} building {cfg.model} at {size} with batch_size "
+                                  f"{cfg.batch_size}; lower --img-size or --batch-size") from None

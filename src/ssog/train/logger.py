@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -12,15 +11,16 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ssog.files import replacing, write_atomic
+
 __all__ = ["RunLogger", "logging_backends", "plot_curves", "write_text_atomic"]
 
 PLOT_INTERVAL_S = 60.0
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """:func:`ssog.files.write_atomic` (the name other modules of this package call)."""
+    write_atomic(path, text)
 
 
 def flat_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -37,13 +37,12 @@ def flat_record(record: dict[str, Any]) -> dict[str, Any]:
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss (train, val) and validation Acc@1/3/5 per epoch, side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure, no pyplot: no display or backend is touched (ssog.runtime.check_plotting).
+    from matplotlib.figure import Figure
 
     epochs = [r["epoch"] for r in history]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax_loss, ax_acc = fig.subplots(1, 2)
     ax_loss.plot(epochs, [r["train_loss"] for r in history], label="train")
     ax_loss.plot(epochs, [r["val_loss"] for r in history], label="val")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
@@ -56,10 +55,8 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    with replacing(path) as (tmp,):
+        fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
 
 
 def logging_backends(tensorboard: bool, wandb_project: str | None) -> tuple[Any, Any]:

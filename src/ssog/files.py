@@ -1,0 +1,249 @@
+"""Writing files without losing any: atomic replacement, refusing to replace results, run-folder locks.
+
+Every file ``ssog`` writes goes through :func:`write_atomic` or :func:`replacing`: the data is
+written to a uniquely named temporary in the same folder (its name starts with ``.`` and
+contains :data:`TEMP_MARK`), flushed to disk, given the permissions of an ordinary new file
+(``0o666 & ~umask``) and renamed over the target with ``os.replace``. A process killed at any
+moment leaves either the old file or the new one, never a part of one; a full disk leaves the
+old file and a one-line :class:`WriteError` (``disk full (ENOSPC) writing RUN/last.safetensors;
+the previous file is kept``).
+
+Results are never replaced unless asked (:func:`refuse_existing`, ``--overwrite``), and a
+training run claims its folder with :class:`FolderLock` so that two runs never share one.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+__all__ = [
+    "TEMP_MARK", "FolderLock", "WriteError", "is_temporary", "refuse_existing", "replacing", "write_atomic",
+]
+
+#: Part of the name of every temporary file ``ssog`` writes (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``);
+#: files without it are never removed.
+TEMP_MARK = ".ssog-tmp"
+
+_CAUSES = {
+    errno.ENOSPC: "disk full (ENOSPC)",
+    errno.EDQUOT: "disk quota exceeded (EDQUOT)",
+    errno.EROFS: "read-only file system (EROFS)",
+    errno.EACCES: "permission denied (EACCES)",
+}
+
+
+class WriteError(OSError):
+    """A file could not be written; its message is one line naming the file and the cause.
+
+    ``errno`` is the cause's (``errno.ENOSPC`` for a full disk); the previous file, if any, is kept.
+    """
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _write_error(path: Path, error: OSError, existed: bool) -> WriteError:
+    cause = _CAUSES.get(error.errno) or (error.strerror or str(error))
+    kept = "the previous file is kept" if existed else "nothing was written"
+    return WriteError(error.errno, f"{cause} writing {path}; {kept}")
+
+
+def is_temporary(path: str | Path) -> bool:
+    """Whether ``path`` names a temporary file of :func:`replacing`."""
+    return TEMP_MARK in Path(path).name
+
+
+def _temporary(path: Path) -> Path:
+    # The suffix is kept so that writers that pick a format by extension (matplotlib) still can.
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_MARK}{path.suffix}")
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore it (not thread-safe, but brief)
+    os.umask(mask)
+    return mask
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Move the finished temporary ``tmp`` to ``path`` (refusing an existing ``path`` unless ``overwrite``)."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if path exists: no window in which another writer's file is replaced
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, f"{path} already exists; pass --overwrite to replace it") from None
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        if path.exists():  # a file system without hard links
+            raise FileExistsError(errno.EEXIST, f"{path} already exists; pass --overwrite to replace it") from None
+        os.replace(tmp, path)
+    tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]]:
+    """Temporaries for ``paths``, moved over them together when the block ends without error.
+
+    Write each temporary in the block (create it by name: it does not exist yet). At the end
+    each is flushed to disk, given ordinary permissions and renamed over its path, in order, so
+    several files (a run's ``best`` and ``last`` checkpoints) change together or not at all,
+    but for the renames themselves. On any error every temporary is removed, and an OSError
+    becomes a one-line :class:`WriteError`. ``overwrite=False`` refuses existing paths
+    (FileExistsError).
+    """
+    paths = [Path(path) for path in paths]
+    existed = [path.exists() for path in paths]
+    if not overwrite:
+        refuse_existing(paths)
+    temporaries = [_temporary(path) for path in paths]
+    current = paths[0]
+    try:
+        yield temporaries
+        mode = 0o666 & ~_umask()
+        for path, tmp in zip(paths, temporaries):
+            current = path
+            _fsync(tmp)
+            os.chmod(tmp, mode)
+        for path, tmp in zip(paths, temporaries):
+            current = path
+            _publish(tmp, path, overwrite)
+        for folder in dict.fromkeys(path.parent for path in paths):
+            _fsync(folder)  # make the renames themselves durable
+    except FileExistsError:
+        raise
+    except OSError as error:
+        if isinstance(error, WriteError):
+            raise
+        raise _write_error(current, error, existed[paths.index(current)]) from error
+    finally:
+        for tmp in temporaries:
+            tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | Path, data: bytes | str, *, overwrite: bool = True) -> Path:
+    """Write ``data`` (text is UTF-8) to ``path`` atomically (see :func:`replacing`); returns ``path``."""
+    path = Path(path)
+    with replacing(path, overwrite=overwrite) as (tmp,):
+        with open(tmp, "xb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+def refuse_existing(paths: Iterable[str | Path], what: str = "", flag: str = "--overwrite") -> None:
+    """Raise FileExistsError naming the ``paths`` that exist (``what`` they are) and ``flag``."""
+    found = [str(path) for path in paths if Path(path).exists()]
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        holds = f" ({what})" if what else ""
+        raise FileExistsError(errno.EEXIST, f"{shown} already exist{'s' if len(found) == 1 else ''}{holds}; "
+                                            f"pass {flag} to replace, or choose another --output")
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), to tell a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    current = _process_start(pid)
+    return start is None or current is None or current == start
+
+
+class FolderLock:
+    """``FOLDER/.ssog-run.lock``, created with ``O_EXCL``: the folder belongs to this process.
+
+    The lock holds the owner's pid, host, process start and command. A lock left by a process
+    of this host that no longer runs (killed) is taken over, and :attr:`note` says so; any
+    other lock is a FileExistsError naming its process. :meth:`release` removes it.
+    """
+
+    NAME = ".ssog-run.lock"
+
+    def __init__(self, folder: str | Path, what: str = "run"):
+        self.path = Path(folder) / self.NAME
+        self.note: str | None = None
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "what": what}
+        payload = (json.dumps(record) + "\n").encode()
+        for _ in range(3):
+            try:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                self._take_over_or_refuse(folder)
+                continue
+            try:
+                os.write(descriptor, payload)
+            finally:
+                os.close(descriptor)
+            return
+        raise FileExistsError(errno.EEXIST, f"{folder} is being claimed by another process at this moment; "
+                                            "try again, or choose another --output")
+
+    def _take_over_or_refuse(self, folder: str | Path) -> None:
+        try:
+            owner = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return  # released meanwhile: try again
+        except (OSError, ValueError):
+            owner = {}
+        pid, host = owner.get("pid"), owner.get("host")
+        if isinstance(pid, int) and host == socket.gethostname() and not _alive(pid, owner.get("process_start")):
+            stale = self.path.with_name(f"{self.NAME}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_MARK}")
+            try:
+                os.rename(self.path, stale)  # only one of several processes taking over wins this
+            except FileNotFoundError:
+                return
+            stale.unlink(missing_ok=True)
+            self.note = (f"note: took over {folder} from process {pid}, which started a {owner.get('what', 'run')} "
+                         f"there at {owner.get('started', '?')} and no longer runs")
+            return
+        who = f"process {pid} on {host}" if pid is not None else "another process"
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{folder} is in use by {who} ({owner.get('what', 'run')} started {owner.get('started', '?')}); "
+            f"wait for it to end or choose another --output (if that process is gone, remove {self.path})",
+        )
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "FolderLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
