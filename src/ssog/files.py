@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 __all__ = [
-    "TEMP_MARK", "FolderLock", "WriteError", "is_temporary", "refuse_existing", "replacing", "write_atomic",
+    "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary", "refuse_existing", "replacing",
+    "write_atomic",
 ]
 
 #: Part of the name of every temporary file ``ssog`` writes (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``);
@@ -162,6 +163,24 @@ def refuse_existing(paths: Iterable[str | Path], what: str = "", flag: str = "--
         holds = f" ({what})" if what else ""
         raise FileExistsError(errno.EEXIST, f"{shown} already exist{'s' if len(found) == 1 else ''}{holds}; "
                                             f"pass {flag} to replace, or choose another --output")
+
+
+def clear_results(folder: str | Path, patterns: Iterable[str], *, overwrite: bool, what: str) -> None:
+    """Make ``folder`` ready for a command's results, before the command does its work.
+
+    The files of ``folder`` matching ``patterns`` (globs: the names the command writes) are its
+    earlier results: without ``overwrite`` they are refused (FileExistsError naming them and
+    ``--overwrite``); with it they are removed, so that no result of the earlier run (a figure
+    the new one does not draw) stays beside the new ones. Other files are never touched.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"--output {folder} is a file, not a folder; choose another --output")
+    found = sorted({path for pattern in patterns for path in folder.glob(pattern) if path.is_file()})
+    if found and not overwrite:
+        refuse_existing(found, f"results of an earlier {what}")
+    for path in found:
+        path.unlink()
 
 
 def _process_start(pid: int) -> str | None:

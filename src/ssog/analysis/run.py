@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 import torch
 
+from ..files import clear_results, write_atomic
+from ..runtime import check_plotting
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
 from .loading import data_name, image_batches, iter_models
@@ -21,10 +23,25 @@ from .sinks import sink_diagnostics
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
+#: The files each analysis writes into its output folder (globs).
+OUTPUTS = {
+    "sinks": ("sinks.json",),
+    "lipschitz": ("lipschitz.json", "lipschitz.png"),
+    "kernels": ("kernels.json", "kernels_*.png"),
+}
+
+
 def _write_json(results: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    return path
+    return write_atomic(path, json.dumps(results, indent=2))
+
+
+def _prepare(output: str | Path | None, analysis: str, overwrite: bool) -> None:
+    """Before any work: refuse an earlier run's results in ``output`` unless ``overwrite``
+    (then they are removed), and a matplotlib that cannot import."""
+    if output is not None:
+        check_plotting()
+        clear_results(output, OUTPUTS[analysis], overwrite=overwrite, what=f"ssog analyze {analysis}")
 
 
 def run_sinks(
@@ -39,8 +56,11 @@ def run_sinks(
     seed: int = 0,
     device: str = "auto",
     output: str | Path | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
-    """Table 5 for every model; written to ``output/sinks.json`` when ``output`` is set."""
+    """Table 5 for every model; written to ``output/sinks.json`` when ``output`` is set (an
+    earlier one there is refused unless ``overwrite``)."""
+    _prepare(output, "sinks", overwrite)
     results = []
     for loaded in iter_models(models, checkpoints, ema=ema, seed=seed, device=device):
         batches = image_batches(loaded, data, data_dir=data_dir, num_images=num_images,
@@ -66,10 +86,13 @@ def run_lipschitz(
     seed: int = 0,
     device: str = "auto",
     output: str | Path | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
-    """Bounds and estimates for every model; ``output/lipschitz.json`` and ``lipschitz.png``."""
+    """Bounds and estimates for every model; ``output/lipschitz.json`` and ``lipschitz.png``
+    (earlier ones there are refused unless ``overwrite``)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    _prepare(output, "lipschitz", overwrite)
     results = []
     for loaded in iter_models(models, checkpoints, ema=ema, seed=seed, device=device):
         images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
@@ -91,9 +114,11 @@ def run_kernels(
     seed: int = 0,
     device: str = "cpu",
     output: str | Path | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Kernel statistics for every model; ``output/kernels.json`` and one
-    ``kernels_<i>_<model>.png`` per model."""
+    ``kernels_<i>_<model>.png`` per model (earlier ones there are refused unless ``overwrite``)."""
+    _prepare(output, "kernels", overwrite)
     results = []
     for index, loaded in enumerate(iter_models(models, checkpoints, ema=ema, seed=seed, device=device)):
         result = {**loaded.describe(), "kernels": kernel_statistics(loaded.model)}

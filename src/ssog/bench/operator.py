@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..files import replacing, write_atomic
 from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
 from ..ops import BACKENDS, choose_backend, cpp_kernels, ssog_mix
 from ..ops.functional import _ssog_mix_unchecked
 from ..ops.triton_separable import available as triton_available
 from .memory import is_out_of_memory, peak_memory
 from .results import environment
-from ..runtime import resolve_dtype
+from ..runtime import resolve_device, resolve_dtype
 from .timing import quartiles, time_interleaved
 
 BASELINE = "sdpa"
@@ -74,6 +75,20 @@ class OperatorConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.grids or min(self.grids) < 1:
             raise ValueError(f"grids must be positive grid sides, got {list(self.grids)}")
+        resolve_device(self.device)  # a missing CUDA device: one line
+
+
+def unavailable_backends(config: OperatorConfig) -> dict[str, str]:
+    """``{backend: why}`` for the backends of ``config`` that cannot run on its device and dtype."""
+    device, dtype = torch.device(config.device), resolve_dtype(config.dtype)
+    reasons = {}
+    if "triton" in config.backends and not triton_available(device):
+        reasons["triton"] = f"it needs a CUDA device and the triton package (device {config.device})"
+    if "cpp" in config.backends and not cpp_kernels.takes(device, dtype, config.head_dim):
+        reasons["cpp"] = cpp_kernels.unavailable_reason() or (
+            f"it takes float32 values on the CPU with a head dimension of 1, 2, 3, 4, 6 or 8 vectors "
+            f"(device {config.device}, dtype {config.dtype}, head_dim {config.head_dim})")
+    return reasons
 
 
 @dataclass
@@ -254,13 +269,11 @@ def markdown_table(results: list[Measurement]) -> str:
 
 
 def plot_speedups(results: list[Measurement], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no display or backend is touched
 
     passes = sorted({m.pass_ for m in results if not m.note}, key=len)
-    figure, axes = plt.subplots(1, len(passes), figsize=(5.5 * len(passes), 4), squeeze=False)
+    figure = Figure(figsize=(5.5 * len(passes), 4))
+    axes = figure.subplots(1, len(passes), squeeze=False)
     for axis, label in zip(axes[0], passes):
         for candidate in sorted({m.candidate for m in results if m.candidate != BASELINE and not m.note}):
             points = [m for m in results if m.pass_ == label and m.candidate == candidate]
@@ -280,8 +293,8 @@ def plot_speedups(results: list[Measurement], path: Path) -> None:
         axis.minorticks_off()
         axis.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with replacing(path) as (tmp,):
+        figure.savefig(tmp, dpi=120, format="png")
 
 
 def save(results: list[Measurement], steered: dict | None, config: OperatorConfig, output: Path) -> None:
@@ -292,8 +305,8 @@ def save(results: list[Measurement], steered: dict | None, config: OperatorConfi
         "results": [asdict(m) for m in results],
         "steered_memory": steered,
     }
-    (output / "operator.json").write_text(json.dumps(payload, indent=2, default=list))
-    (output / "operator.md").write_text(markdown_table(results) + "\n")
+    write_atomic(output / "operator.json", json.dumps(payload, indent=2, default=list))
+    write_atomic(output / "operator.md", markdown_table(results) + "\n")
     plot_speedups(results, output / "operator_speedup.png")
 
 
@@ -331,6 +344,7 @@ class SteeredLayerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.grids or min(self.grids) < 1:
             raise ValueError(f"grids must be positive grid sides, got {list(self.grids)}")
+        resolve_device(self.device)  # a missing CUDA device: one line
 
 
 def run_steered_layer_benchmark(

@@ -26,8 +26,9 @@ from matplotlib.ticker import LogFormatter, NullFormatter, ScalarFormatter
 
 from ssog.bench.report import paired_points
 from ssog.bench.results import BenchResults
+from ssog.files import replacing
 
-__all__ = ["plot_improvement", "plot_results", "plot_scaling", "plot_width"]
+__all__ = ["FIGURES", "plot_improvement", "plot_results", "plot_scaling", "plot_width"]
 
 THROUGHPUT_COLOR = "tab:blue"
 MEMORY_COLOR = "tab:pink"
@@ -37,6 +38,8 @@ STYLE = {  # op -> line style, marker, out-of-memory marker, label
 }
 FAMILY_TITLES = {"odevit": "Continuous (ODE-ViT)", "vit": "Discrete (ViT)", "loopvit": "Looped (bViT)"}
 FAMILY_ORDER = tuple(FAMILY_TITLES)
+#: The figures :func:`plot_results` draws (each as ``.png`` and ``.pdf``).
+FIGURES = ("fig5_scaling", "fig4_improvement", "fig1_width")
 
 
 def _families(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -54,8 +57,9 @@ def _resolution_axis(ax, resolutions: Sequence[int]) -> None:
 
 def _save(fig: Figure, stem: Path) -> list[Path]:
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for path in paths:
-        fig.savefig(path, dpi=150, bbox_inches="tight")
+    with replacing(*paths) as temporaries:
+        for tmp, path in zip(temporaries, paths):
+            fig.savefig(tmp, dpi=150, bbox_inches="tight", format=path.suffix[1:])
     return paths
 
 
@@ -192,10 +196,11 @@ def plot_results(results: BenchResults, output_dir: str | os.PathLike) -> list[P
     grid = [row for row in results.rows if row["size"] == grid_size]
     if not grid:
         raise ValueError(f"the results hold no rows of the sweep's width {grid_size!r}")
-    paths = plot_scaling(grid, output_dir / "fig5_scaling") + plot_improvement(grid, output_dir / "fig4_improvement")
+    scaling, improvement, width_figure = (output_dir / stem for stem in FIGURES)
+    paths = plot_scaling(grid, scaling) + plot_improvement(grid, improvement)
     largest = max(row["resolution"] for row in results.rows)
     width_batch = results.config.get("width_batch_size") or min(row["batch_size"] for row in grid)
     width = [row for row in results.rows if row["resolution"] == largest and row["batch_size"] == width_batch]
     if len({row["size"] for row in width}) >= 2:
-        paths += plot_width(width, output_dir / "fig1_width")
+        paths += plot_width(width, width_figure)
     return paths

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ssog.files import replacing
 
 __all__ = ["BenchResults", "environment"]
 
@@ -108,11 +111,13 @@ class BenchResults:
             "config": self.config,
             "rows": self.rows,
         }
-        json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-        with csv_path.open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self.columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        buffer = io.StringIO(newline="")
+        writer = csv.DictWriter(buffer, fieldnames=self.columns)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        with replacing(json_path, csv_path) as (json_tmp, csv_tmp):
+            json_tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+            csv_tmp.write_text(buffer.getvalue(), encoding="utf-8", newline="")
         return [json_path, csv_path]
 
     @classmethod

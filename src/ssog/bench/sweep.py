@@ -290,24 +290,36 @@ def run_model_sweep(
 
     for family, size, resolution, batch_sizes in _groups(config):
         ops = [op for op in config.ops if any((family, op, size, b) not in out_of_memory for b in batch_sizes)]
-        models, info = {}, {}
+        models, info, unbuilt = {}, {}, set()
         for op in ops:
             name = model_name(op, family, size)
-            model = timm.create_model(name, img_size=resolution, num_classes=NUM_CLASSES)
-            info[op] = {
-                "dim": model.num_features,
-                "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-                **_flops(name, resolution),
-            }
-            models[op] = torch.compile(model.to(device)) if config.compile else model.to(device)
+            try:  # a model too large for the device at this resolution is an out-of-memory point too
+                model = timm.create_model(name, img_size=resolution, num_classes=NUM_CLASSES)
+                info[op] = {
+                    "dim": model.num_features,
+                    "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                    **_flops(name, resolution),
+                }
+                models[op] = torch.compile(model.to(device)) if config.compile else model.to(device)
+            except (RuntimeError, MemoryError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                unbuilt.add(op)
+                _release(device)
         for batch in batch_sizes:
             todo = {op: model for op, model in models.items() if (family, op, size, batch) not in out_of_memory}
-            measured = {}
+            measured = {op: None for op in unbuilt if (family, op, size, batch) not in out_of_memory}
             if todo:
                 in_chans = next(iter(todo.values())).in_chans
-                images = torch.randn(batch, in_chans, resolution, resolution, device=device)
-                measured = _measure(todo, images, device, dtype, config.warmup, config.iters, config.mode)
-                del images
+                try:
+                    images = torch.randn(batch, in_chans, resolution, resolution, device=device)
+                except (RuntimeError, MemoryError) as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    measured.update(dict.fromkeys(todo))  # not even the input fits
+                else:
+                    measured.update(_measure(todo, images, device, dtype, config.warmup, config.iters, config.mode))
+                    del images
             for op in config.ops:
                 row = _row(family, op, size, resolution, batch, device, dtype, config.mode, info.get(op, {}))
                 if op in measured and measured[op] is None:

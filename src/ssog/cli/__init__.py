@@ -59,10 +59,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError, FloatingPointError) as error:
-        # Bad input (and a diverged run) is reported as one clear line, not a traceback
-        # from deep inside torch.
+    except (ValueError, OSError, FloatingPointError, MemoryError) as error:
+        # Bad input (and a diverged run, a full disk, a device out of memory) is reported as
+        # one clear line, not a traceback from deep inside torch.
         print(f"ssog {args.command}: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        from ssog.runtime import is_out_of_memory
+
+        if not is_out_of_memory(error):
+            raise
+        print(f"ssog {args.command}: error: out of memory ({one_line(error)}); lower the image size or the batch "
+              "size", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"ssog {args.command}: interrupted", file=sys.stderr)

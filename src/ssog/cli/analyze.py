@@ -28,7 +28,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of random models, noise images, power iteration")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     parser.add_argument("--output", type=Path, default=Path("runs/analysis"),
-                        help="folder for the JSON results and figures (default runs/analysis)")
+                        help="folder for the JSON results and figures (default runs/analysis); earlier results "
+                             "of the same analysis there are refused unless --overwrite")
+    parser.add_argument("--overwrite", action="store_true", help="replace the earlier results in --output")
 
 
 def _data(parser: argparse.ArgumentParser, num_images: int) -> None:
@@ -83,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _sources(args: argparse.Namespace) -> dict:
     return dict(models=args.model, checkpoints=args.checkpoint, ema=args.ema, seed=args.seed,
-                device=args.device, output=args.output)
+                device=args.device, output=args.output, overwrite=args.overwrite)
 
 
 def run_sinks(args: argparse.Namespace) -> int:

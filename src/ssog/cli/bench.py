@@ -8,6 +8,7 @@ from typing import Any
 
 from ssog.bench.sweep import DTYPES, FAMILIES, MODES, OPS, PRESETS
 
+SUMMARY_NAME = "summary.md"
 _OVERRIDES = (
     "families", "ops", "size", "resolutions", "batch_sizes", "width_sizes", "width_batch_size",
     "warmup", "iters", "device", "dtype", "mode", "compile",
@@ -49,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads before measuring")
     parser.add_argument("--output", type=Path, help="output directory (default runs/bench; with --plot, "
                                                      "the directory of RESULTS)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of an earlier sweep in --output (else refused, before measuring)")
     parser.add_argument("--no-plots", action="store_true", help="write results only")
     parser.add_argument("--plot", type=Path, metavar="RESULTS",
                         help="redraw the figures from a results.json (or its directory) instead of measuring")
@@ -66,12 +69,16 @@ def _print_row(row: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ssog.bench.plots import plot_results
+    from ssog.bench.plots import FIGURES, plot_results
     from ssog.bench.report import comparison_table
-    from ssog.bench.results import BenchResults
+    from ssog.bench.results import CSV_NAME, JSON_NAME, BenchResults
     from ssog.bench.sweep import run_model_sweep
+    from ssog.files import clear_results, write_atomic
+    from ssog.runtime import check_plotting
 
-    if args.plot is not None:
+    if not args.no_plots:
+        check_plotting()
+    if args.plot is not None:  # figures are derived from the results: redrawn in place
         results = BenchResults.load(args.plot)
         output = args.output or (args.plot if args.plot.is_dir() else args.plot.parent)
         for path in plot_results(results, output):
@@ -88,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     output = args.output or Path("runs/bench")
+    figures = [f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "pdf")]
+    clear_results(output, [JSON_NAME, CSV_NAME, SUMMARY_NAME, *figures], overwrite=args.overwrite, what="ssog bench")
 
     results = run_model_sweep(config, on_row=_print_row)
     paths = results.save(output)
     table = comparison_table(results.rows)
-    summary = output / "summary.md"
-    summary.write_text(table, encoding="utf-8")
-    paths.append(summary)
+    paths.append(write_atomic(output / SUMMARY_NAME, table))
     print(table)
     if not args.no_plots:
         paths += plot_results(results, output)

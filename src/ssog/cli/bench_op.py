@@ -16,9 +16,11 @@ from ..bench.operator import (
     save,
     steered_layer_table,
     steered_memory,
+    unavailable_backends,
 )
+from ..files import clear_results, write_atomic
 from ..ops import BACKENDS
-from ..runtime import DTYPES
+from ..runtime import DTYPES, check_plotting
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--atoms", type=int, default=defaults.atoms)
     parser.add_argument("--dtype", default=defaults.dtype, choices=list(DTYPES))
     parser.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
-    parser.add_argument("--backends", nargs="+", default=list(defaults.backends), choices=BACKENDS)
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS,
+                        help="backends to time (default: every one that can run on --device; one given here "
+                             "that cannot is an error)")
     parser.add_argument("--compile", nargs="+", default=[], choices=COMPILABLE, metavar="BACKEND",
                         help=f"also time these backends ({', '.join(COMPILABLE)}) under torch.compile(fullgraph=True), "
                              "as a compiled model mixes (compiled before the timed rounds)")
@@ -48,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="skip the dense backend above this grid side")
     parser.add_argument("--steered-grid", type=int, default=64,
                         help="grid side of the steered (mu only) memory check; 0 skips it")
-    parser.add_argument("--output", type=Path, default=Path("runs/bench-op"), help="folder for JSON, table and plot")
+    parser.add_argument("--output", type=Path, default=Path("runs/bench-op"),
+                        help="folder for JSON, table and plot (earlier results there are refused unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the earlier results in --output")
     parser.add_argument("--steered-layer", type=int, nargs="+", metavar="GRID",
                         help="instead: time one steered SSoG layer (mu+sigma, gates open; backends auto, dense, "
                              "local) against one MHA layer, forward, at these grid sides; uses --batch (default "
@@ -62,9 +68,21 @@ def run(args: argparse.Namespace) -> int:
     config = OperatorConfig(
         grids=args.grids, batch=OperatorConfig.batch if args.batch is None else args.batch,
         heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
-        dtype=args.dtype, device=args.device, backends=args.backends, backward=not args.forward_only,
+        dtype=args.dtype, device=args.device, backends=args.backends or BACKENDS, backward=not args.forward_only,
         rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid, compiled=args.compile,
     )
+    unavailable = unavailable_backends(config)
+    if unavailable and args.backends:
+        raise ValueError("; ".join(f"--backends {name} cannot run here: {why}" for name, why in unavailable.items()))
+    if unavailable:
+        config.backends = [name for name in config.backends if name not in unavailable]
+        for name, why in unavailable.items():
+            print(f"note: not timing {name}: {why}")
+    check_plotting()
+    if "cpp" in config.backends and config.backward:
+        print("note: cpp computes forward only: it is timed in the forward pass")
+    clear_results(args.output, ["operator.json", "operator.md", "operator_speedup.png"], overwrite=args.overwrite,
+                  what="ssog bench-op")
     results = run_operator_benchmark(config)
     steered = steered_memory(config, grid=args.steered_grid) if args.steered_grid else None
     save(results, steered, config, args.output)
@@ -87,6 +105,8 @@ def _run_steered_layer(args: argparse.Namespace) -> int:
         grids=args.steered_layer, batch=SteeredLayerConfig.batch if args.batch is None else args.batch,
         device=args.device, rounds=args.rounds, warmup=args.warmup,
     )
+    clear_results(args.output, ["steered_layer.json", "steered_layer.md"], overwrite=args.overwrite,
+                  what="ssog bench-op --steered-layer")
     rows = run_steered_layer_benchmark(config)
     args.output.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -94,9 +114,9 @@ def _run_steered_layer(args: argparse.Namespace) -> int:
         "environment": environment(torch.device(config.device), "float32"),
         "rows": rows,
     }
-    (args.output / "steered_layer.json").write_text(json.dumps(payload, indent=2, default=list))
+    write_atomic(args.output / "steered_layer.json", json.dumps(payload, indent=2, default=list))
     table = steered_layer_table(rows)
-    (args.output / "steered_layer.md").write_text(table + "\n")
+    write_atomic(args.output / "steered_layer.md", table + "\n")
     print(table)
     print(f"wrote {args.output}/steered_layer.json, steered_layer.md")
     return 0

@@ -28,13 +28,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--per-class", action="store_true", help="also report Acc@1 of every class")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    parser.add_argument("--output", help="also write the metrics to this JSON file")
+    parser.add_argument("--output", help="also write the metrics to this JSON file (an existing one is refused "
+                                         "unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ssog.files import refuse_existing, write_atomic
     from ssog.train import evaluate_checkpoint
 
+    if args.output and not args.overwrite:
+        refuse_existing([args.output], "--output")  # before the evaluation, not after it
     data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download") if getattr(args, k) is not None}
     result = evaluate_checkpoint(
         args.checkpoint, data=data, split=args.split, img_size=args.img_size, patch_size=args.patch_size,
@@ -42,12 +47,12 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.json, per_class=args.per_class,
     )
     if args.output:
-        with open(args.output, "w") as handle:
-            json.dump(result, handle, indent=2)
+        write_atomic(args.output, json.dumps(result, indent=2) + "\n", overwrite=args.overwrite)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{result['model']} on {result['dataset']} {result['split']} ({result['samples']} images, "
+        source = f" from {result['data_dir']}" if result["data_dir"] else ""
+        print(f"{result['model']} on {result['dataset']} {result['split']}{source} ({result['samples']} images, "
               f"{result['img_size']}px, patch {result['patch_size'][0]}, grid {result['grid'][0]}x{result['grid'][1]}"
               f"{', kernels rescaled x%.3g' % result['grid_ratio'] if result['rescaled_kernels'] else ''}): "
               f"Acc@1 {result['acc1']:.2f}  Acc@3 {result['acc3']:.2f}  Acc@5 {result['acc5']:.2f}  "

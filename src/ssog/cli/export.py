@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .info import check_num_classes
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -18,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a registered model name (random weights), e.g. ssog_vit_tiny_patch4_32")
     source.add_argument("--checkpoint", help="a run folder (its best) or a .safetensors checkpoint")
-    parser.add_argument("--output", required=True, help="the .onnx file to write")
+    parser.add_argument("--output", required=True, help="the .onnx file to write (an existing one is refused "
+                                                        "unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--num-classes", type=int, help="classifier outputs of --model (default: the preset's)")
     parser.add_argument("--batch-size", type=int, default=2, help="batch size traced (the batch is dynamic)")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest accepted |onnxruntime - PyTorch|")
@@ -28,7 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ssog.export import export_onnx, missing_export_packages
+    from ssog.files import refuse_existing
 
+    check_num_classes(args.num_classes)
+    if not args.overwrite:
+        refuse_existing([args.output], "--output")
     missing = missing_export_packages()
     if missing:
         raise ValueError(f"ONNX export needs {', '.join(missing)}: pip install 'ssog[export]'")

@@ -23,7 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = model_flops(args.model, img_size=args.img_size)
+    try:
+        result = model_flops(args.model, img_size=args.img_size)
+    except RuntimeError as error:  # counted on the meta device: only a size beyond int64 fails
+        if "overflow" not in str(error):
+            raise
+        raise ValueError(f"--img-size {args.img_size}: a tensor of {args.model} at this size has more elements "
+                         "than PyTorch can count (int64; attention holds tokens^2 scores per head); choose a "
+                         "smaller --img-size") from None
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -20,7 +20,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def check_num_classes(num_classes: int | None) -> None:
+    """``--num-classes`` must be a class count, or 0 for a model without classifier."""
+    if num_classes is not None and num_classes < 0:
+        raise ValueError(f"--num-classes must be >= 0 (0: no classifier, the model returns features), "
+                         f"got {num_classes}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_num_classes(args.num_classes)
     kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
     info = model_info(args.model, **kwargs)
     if args.json:

@@ -113,6 +113,8 @@ def fixed_separable(
     row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
     items_per_block = max(1, block_bytes // (row_bytes * rows))
     rows_per_block = rows if items_per_block > 1 else max(1, min(rows, block_bytes // row_bytes))
+    if v.is_meta:  # nothing is computed (FLOP counting): one block, instant at any grid, the same FLOPs
+        items_per_block, rows_per_block = batch * heads, rows
     # With gradients, every block is recomputed in the backward pass (activation
     # checkpointing): its saved y-contraction is R times the values, more than attention
     # keeps (docs/results/training_speed.md).

@@ -11,7 +11,8 @@ The library is compiled on first use with the machine's C++ compiler (``$CXX`` o
 ``~/.cache/ssog``), keyed by the source, the compiler and the CPU, and loaded with ctypes: a
 plain C ABI needs no torch headers, which would make the build take a minute, nor a build
 step at install time (an editable or wheel install works the same). Without a compiler, or
-with ``SSOG_CPP=0``, :func:`available` is ``False`` and ``auto`` uses the PyTorch paths.
+with ``SSOG_CPP=0`` (or ``false``, ``no``, ``off``), :func:`available` is ``False`` and ``auto``
+uses the PyTorch paths.
 
 The kernels compute forward only (float32, CPU, a head dimension the vector width divides);
 ``auto`` takes them where no gradient is recorded.
@@ -27,6 +28,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -170,8 +172,13 @@ def _check(v: Tensor, *parameters: Tensor) -> None:
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     """The loaded library and ``None``, or ``None`` and why it is not there."""
-    if os.environ.get("SSOG_CPP", "1") == "0":
-        return None, "disabled by SSOG_CPP=0"
+    switch = os.environ.get("SSOG_CPP", "1").strip().lower()
+    if switch in ("0", "false", "no", "off"):
+        return None, f"disabled by SSOG_CPP={os.environ['SSOG_CPP']}"
+    if switch not in ("", "1", "true", "yes", "on"):
+        reason = f"SSOG_CPP={os.environ['SSOG_CPP']!r} is not 0/1, false/true, no/yes or off/on; taken as off"
+        warnings.warn(reason, stacklevel=2)
+        return None, reason
     try:
         path = _build()
         library = ctypes.CDLL(str(path))

@@ -52,7 +52,11 @@ def evaluate_checkpoint(
     if config is None:
         raise ValueError(f"{path} holds weights only; ssog eval needs a checkpoint written by ssog train")
     values = dict(config, **(data or {}))
-    values.update(output=None, init_from=None, progress=progress, device=device)
+    if values.get("data_dir") is not None:
+        given = (data or {}).get("data_dir") is not None
+        values["data_dir"] = str(Path(values["data_dir"]).expanduser().resolve() if given else
+                                 _run_data_dir(config["data_dir"], config.get("output"), path))
+    values.update(output=None, init_from=None, progress=progress, device=device, overwrite=False)
     if batch_size is not None:
         values["batch_size"] = batch_size
     values["img_size"] = img_size or values.get("img_size")
@@ -68,6 +72,7 @@ def evaluate_checkpoint(
     if (model.num_classes, in_chans) != (info.num_classes, info.in_chans):
         raise ValueError(f"checkpoint {path} classifies {model.num_classes} classes of {in_chans}-channel "
                          f"images; the data has {info.num_classes} classes, {info.in_chans} channels")
+    _check_patch_size(model, img_size, patch_size)
     # Move from the trained size to the new one the way timm resamples.
     ratio = 1.0
     if img_size is not None or patch_size is not None:
@@ -89,8 +94,32 @@ def evaluate_checkpoint(
         **metrics, "checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split,
         "samples": len(loader.dataset), "img_size": img_size or cfg.img_size or info.native_size,
         "patch_size": list(model.patch_embed.patch_size), "grid": list(grid), "grid_ratio": ratio,
-        "rescaled_kernels": rescale_kernels, "ema": ema,
+        "rescaled_kernels": rescale_kernels, "ema": ema, "data_dir": cfg.data_dir,
     }
+
+
+def _run_data_dir(data_dir: str, output: str | None, checkpoint: Path) -> Path:
+    """A run's ``data_dir`` as an absolute path. Runs store it resolved; an older run's relative
+    one is taken relative to the folder that run was started from, found by removing its
+    relative ``output`` from the checkpoint's folder, else relative to the current folder."""
+    path = Path(data_dir).expanduser()
+    if path.is_absolute():
+        return path
+    folder = checkpoint.resolve().parent
+    if output and not Path(output).is_absolute():
+        parts = Path(output).parts
+        if folder.parts[-len(parts):] == parts:
+            return Path(*folder.parts[:-len(parts)]) / path
+    return path.resolve()
+
+
+def _check_patch_size(model, img_size: int | None, patch_size: int | None) -> None:
+    """A patch must fit in the image: one line naming the options, not timm's shape error."""
+    size = img_size or model.patch_embed.img_size[0]
+    patch = patch_size or model.patch_embed.patch_size[0]
+    if patch > size:
+        raise ValueError(f"--patch-size {patch} is larger than the {size}px image"
+                         f"{' (--img-size)' if img_size else ''}; choose a patch size of at most {size}")
 
 
 def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...], folder: str, path: Path) -> None:
