@@ -104,7 +104,7 @@ def test_imagefolder_without_class_folders(tmp_path):
 def test_imagefolder_class_folders_without_images(tmp_path):
     (tmp_path / "train" / "cat").mkdir(parents=True)
     (tmp_path / "train" / "cat" / "notes.txt").write_text("not an image")
-    with pytest.raises(FileNotFoundError, match="expected ImageFolder layout"):
+    with pytest.raises(ValueError, match=r"class folder\(s\) cat of \S+ holds no image PIL reads"):
         build_datasets("imagefolder", str(tmp_path), val_split=0.5)
 
 

@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         source = f" from {result['data_dir']}" if result["data_dir"] else ""
+        grid = result["grid"]
+        patches = f", patch {result['patch_size'][0]}, grid {grid[0]}x{grid[1]}" if grid else ""
         print(f"{result['model']} on {result['dataset']} {result['split']}{source} ({result['samples']} images, "
-              f"{result['img_size']}px, patch {result['patch_size'][0]}, grid {result['grid'][0]}x{result['grid'][1]}"
+              f"{result['img_size']}px{patches}"
               f"{', kernels rescaled x%.3g' % result['grid_ratio'] if result['rescaled_kernels'] else ''}): "
               f"Acc@1 {result['acc1']:.2f}  Acc@3 {result['acc3']:.2f}  Acc@5 {result['acc5']:.2f}  "
               f"loss {result['loss']:.4f}")

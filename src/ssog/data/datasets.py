@@ -7,6 +7,8 @@ so that a train and a validation split can share one underlying dataset), plus a
 """
 from __future__ import annotations
 
+import math
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +23,8 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 __all__ = [
     "DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "dataset_targets", "stratified_split",
-    "training_subset", "image_problem", "unreadable_images", "load_image", "evaluation_folder",
+    "training_subset", "image_problem", "unreadable_images", "load_image", "to_rgb", "evaluation_folder",
+    "FolderScan", "ImageFiles", "scan_image_folder", "class_difference", "split_folder", "SPLIT_FOLDERS",
 ]
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
@@ -91,7 +94,22 @@ def stratified_split(
     )
     if not valid:
         raise ValueError(
-            f"val_split must be a fraction in (0, 1) or a sample count in [1, {n - 1}], got {val_split!r}"
+            f"val_split (--val-split) must be a fraction in (0, 1) or a sample count in [1, {n - 1}], "
+            f"got {val_split!r}"
+        )
+    counts = np.bincount(np.asarray(targets))
+    counts = counts[counts > 0]
+    classes = len(counts)
+    if counts.min() < 2:
+        raise ValueError(f"val_split (--val-split): a stratified split needs at least 2 images of every class, and "
+                         f"{int((counts < 2).sum())} of the {classes} classes have only 1")
+    # scikit-learn's sizes: ceil(fraction * n) held out; each side needs one image per class.
+    held_out = math.ceil(val_split * n) if isinstance(val_split, float) else val_split
+    if not classes <= held_out <= n - classes:
+        raise ValueError(
+            f"val_split {val_split!r} (--val-split) holds out {held_out} of {n} images, and a stratified split of "
+            f"{classes} classes needs at least {classes} on each side: give a count in [{classes}, {n - classes}] "
+            f"or a fraction in [{math.ceil(1e4 * classes / n) / 1e4:g}, {math.floor(1e4 * (n - classes) / n) / 1e4:g}]"
         )
     return _stratified_indices(targets, val_split, seed)
 
@@ -171,19 +189,43 @@ def _cifar(name: str, root: str | None, download: bool, val_split: float | int |
     cls, folder = (CIFAR10, "cifar-10-batches-py") if name == "cifar10" else (CIFAR100, "cifar-100-python")
     if root is None:
         raise ValueError(f"dataset {name!r} needs data_dir (a folder holding {folder}/, or --download)")
+    if Path(root).is_file():
+        raise NotADirectoryError(f"data folder {root} is a file, not a folder; expected a folder holding {folder}/")
     try:
         train = cls(root, train=True, download=download)
         test = None if val_split is not None else cls(root, train=False, download=download)
     except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
+        if (Path(root) / folder).is_dir():
+            raise ValueError(_cifar_damage(cls, name, Path(root) / folder)) from error
         raise FileNotFoundError(
             f"{name} not found in {root}: expected the python version of the data set in "
             f"{Path(root) / folder} (pass --download where a network is available)"
         ) from error
+    except OSError as error:  # a download that failed (no network): urllib's errors
+        if not download:
+            raise
+        reason = getattr(error, "reason", None) or error.strerror or error
+        raise OSError(f"could not download {name} from {cls.url} ({reason}); where this machine has no network, "
+                      f"fetch {cls.filename} elsewhere and extract it into {root}") from error
     mean, std = (CIFAR10_MEAN, CIFAR10_STD) if name == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
     info = DatasetInfo(name, len(train.classes), 3, 32, mean, std, classes=tuple(train.classes))
     if test is None:
         train, test = _split(train, train.targets, val_split, seed)
     return train, test, info
+
+
+def _cifar_damage(cls: type, name: str, folder: Path) -> str:
+    """Why torchvision refused a CIFAR folder that exists: its files that are missing or fail
+    their MD5 check."""
+    from torchvision.datasets.utils import check_integrity
+
+    files = [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]
+    missing = [file for file, _ in files if not (folder / file).is_file()]
+    corrupt = [file for file, md5 in files if file not in missing and not check_integrity(str(folder / file), md5)]
+    found = "; ".join(part for part in (missing and f"missing: {', '.join(missing)}",
+                                        corrupt and f"failing their MD5 check: {', '.join(corrupt)}") if part)
+    return (f"{name} in {folder} is incomplete or corrupt ({found}); delete {folder} and download it again "
+            "(--download)")
 
 
 def image_problem(path: str | Path) -> str | None:
@@ -215,25 +257,183 @@ def unreadable_images(paths: Sequence[str | Path]) -> list[tuple[str, str]]:
 
 
 def load_image(path: str) -> Image.Image:
-    """ImageFolder's loader (an RGB PIL image), with the file named when decoding fails."""
+    """ImageFolder's loader (an RGB PIL image, :func:`to_rgb`), with the file named when decoding fails."""
     try:
         with open(path, "rb") as handle:
-            return Image.open(handle).convert("RGB")
+            return to_rgb(Image.open(handle))
     except Exception as error:
         raise ValueError(f"cannot decode image {path} ({type(error).__name__}: {error}); "
                          "remove or replace the file") from error
 
 
-def _image_folder(path: Path, skip_bad_images: bool = False):
-    from torchvision.datasets import ImageFolder
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB, by what its mode means (PIL's own ``convert("RGB")`` clips
+    16-bit and float pixels to 0..255, so a 16-bit PNG turns white and a float TIFF black):
 
-    classes = [p for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
-    if not classes:
-        raise ValueError(f"{path} has no class folders; expected {IMAGEFOLDER_LAYOUT}")
-    try:
-        folder = ImageFolder(str(path), loader=load_image)
-    except FileNotFoundError as error:  # class folders without any image file
-        raise FileNotFoundError(f"{path}: {error}; expected {IMAGEFOLDER_LAYOUT}") from error
+    * 16- and 32-bit integer grey (``I;16``, ``I``): scaled by the file's bit depth,
+      ``v * 255 / (2**bits - 1)`` (65535 -> 255); negative values are an error;
+    * 32-bit float grey (``F``): values in [0, 1] times 255, values in [0, 255] as they are,
+      anything else (negative, above 255, NaN) an error;
+    * alpha (``RGBA``, ``LA``, ``PA``, a palette with a transparent colour) is dropped, as
+      torchvision's and timm's loaders drop it: pixels keep their stored colour;
+    * every other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ...) by PIL's conversion.
+    """
+    mode = image.mode
+    if mode == "I" or mode.startswith("I;16"):
+        values = np.asarray(image, dtype=np.float64)
+        if values.size and values.min() < 0:
+            raise ValueError(f"a {mode} image with negative values ({values.min():g}) has no 8-bit meaning")
+        return _grey_rgb(values * (255.0 / (2 ** _integer_bits(image, values) - 1)))
+    if mode == "F":
+        values = np.asarray(image, dtype=np.float64)
+        low, high = (values.min(), values.max()) if values.size else (0.0, 0.0)
+        if not (np.isfinite(values).all() and low >= 0 and high <= 255):
+            raise ValueError(f"a float image with values in [{low:g}, {high:g}]: expected [0, 1] (scaled by 255) "
+                             "or [0, 255]")
+        return _grey_rgb(values * 255.0 if high <= 1 else values)
+    if mode in ("P", "PA") and (mode == "PA" or "transparency" in image.info):
+        image = image.convert("RGBA")  # PIL warns when a palette's transparency goes straight to RGB
+    return image.convert("RGB")
+
+
+def _integer_bits(image: Image.Image, values: np.ndarray) -> int:
+    """Bits per sample of an integer grey image: 16 for ``I;16*`` and PNG, a TIFF's
+    BitsPerSample, else 16 when every value fits (PGM, ...) and 32 otherwise."""
+    if image.mode.startswith("I;16") or image.format == "PNG":
+        return 16
+    tags = getattr(image, "tag_v2", None)
+    bits = tags.get(258) if tags is not None else None  # TIFF BitsPerSample
+    if bits:
+        return int(bits[0] if isinstance(bits, tuple) else bits)
+    return 16 if not values.size or values.max() <= 65535 else 32
+
+
+def _grey_rgb(levels: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.clip(np.rint(levels), 0, 255).astype(np.uint8), "L").convert("RGB")
+
+
+# Formats PIL reads itself (EPS needs Ghostscript, an outside program, to decode: left out).
+def _readable_extensions() -> frozenset[str]:
+    Image.init()
+    return frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN and fmt != "EPS")
+
+
+@dataclass
+class FolderScan:
+    """What :func:`scan_image_folder` found in ``root``: the class folders, the ``(path, class
+    index)`` samples, and what it left out: files of types PIL does not read (count per
+    extension), hidden entries (names starting with ``.``), and symlinked folders not
+    followed because they lead back into a folder already read (a loop, or a second way in)."""
+
+    root: Path
+    classes: list[str]
+    samples: list[tuple[str, int]]
+    unread: dict[str, int] = field(default_factory=dict)
+    hidden: list[str] = field(default_factory=list)
+    repeated_folders: list[str] = field(default_factory=list)
+
+    def report(self) -> list[str]:
+        """Warning lines (none when nothing was left out)."""
+        lines = []
+        if self.repeated_folders:
+            shown = "; ".join(self.repeated_folders[:3]) + ("; ..." if len(self.repeated_folders) > 3 else "")
+            lines.append(f"warning: {self.root}: did not follow {len(self.repeated_folders)} symlinked folder(s) "
+                         f"that lead back into folders already read (a loop would repeat and mislabel images): "
+                         f"{shown}")
+        parts = []
+        if self.unread:
+            kinds = ", ".join(f"{ext or 'no extension'} x{count}" for ext, count in sorted(self.unread.items()))
+            parts.append(f"{sum(self.unread.values())} file(s) of types the image loader does not read ({kinds})")
+        if self.hidden:
+            shown = ", ".join(self.hidden[:3]) + (", ..." if len(self.hidden) > 3 else "")
+            parts.append(f"{len(self.hidden)} hidden entr{'y' if len(self.hidden) == 1 else 'ies'} ({shown})")
+        if parts:
+            lines.append(f"warning: {self.root}: ignored {' and '.join(parts)}")
+        return lines
+
+
+def scan_image_folder(root: str | Path) -> FolderScan:
+    """The images of ``root/<class>/...`` (any depth), as torchvision's ImageFolder finds them,
+    but: entries whose name starts with ``.`` (``.ipynb_checkpoints``, ``.DS_Store``) are
+    neither classes nor images; every format PIL reads counts as an image (``.gif``, ``.tif``,
+    ``.webp``, ...); symlinked files and folders are followed, except a folder whose real path
+    was already read (a loop such as ``a/up -> ..``, or a link into another class), which is
+    left out and reported. Classes are sorted; so is every folder's content.
+    """
+    root = Path(root)
+    readable = _readable_extensions()
+    scan = FolderScan(root, [], [])
+    class_dirs = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            scan.hidden.append(entry.name)
+        elif entry.is_dir():
+            class_dirs.append(Path(entry.path))
+    scan.classes = [folder.name for folder in class_dirs]
+    # Every class folder is read as its own class first, so a link into it from elsewhere is a repeat.
+    seen = {os.path.realpath(root): root}
+    for folder in class_dirs:
+        seen.setdefault(os.path.realpath(folder), folder)
+
+    def walk(folder: Path, target: int) -> None:
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            path = Path(entry.path)
+            if entry.name.startswith("."):
+                scan.hidden.append(str(path.relative_to(root)))
+            elif entry.is_dir():
+                real = os.path.realpath(path)
+                if real in seen:
+                    scan.repeated_folders.append(f"{path.relative_to(root)} -> {seen[real]}")
+                    continue
+                seen[real] = path
+                walk(path, target)
+            elif entry.is_file():
+                extension = path.suffix.lower()
+                if extension in readable:
+                    scan.samples.append((str(path), target))
+                else:
+                    scan.unread[extension] = scan.unread.get(extension, 0) + 1
+            else:  # a broken symlink
+                scan.unread["broken link"] = scan.unread.get("broken link", 0) + 1
+
+    for index, folder in enumerate(class_dirs):
+        if seen[os.path.realpath(folder)] == folder:
+            walk(folder, index)
+    return scan
+
+
+class ImageFiles(Dataset):
+    """``(PIL RGB image, class index)`` of image files, with torchvision ImageFolder's attributes
+    (``root``, ``classes``, ``class_to_idx``, ``samples``, ``targets``). Not torchvision's class
+    itself: it scans its folder on creation, with the rules :func:`scan_image_folder` replaces."""
+
+    def __init__(self, root: str | Path, classes: Sequence[str], samples: Sequence[tuple[str, int]]):
+        self.root = str(root)
+        self.classes = list(classes)
+        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
+        self.samples = list(samples)
+        self.targets = [target for _, target in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        path, target = self.samples[index]
+        return load_image(path), target
+
+
+def _image_folder(path: Path, skip_bad_images: bool = False) -> ImageFiles:
+    """torchvision's ImageFolder over :func:`scan_image_folder`'s samples, checked by
+    :func:`unreadable_images`; every class must keep at least one image."""
+    scan = scan_image_folder(path) if path.is_dir() else None
+    if scan is None or not scan.classes:
+        hidden = f" (only hidden folders: {', '.join(scan.hidden)})" if scan is not None and scan.hidden else ""
+        raise ValueError(f"{path} has no class folders{hidden}; expected {IMAGEFOLDER_LAYOUT}")
+    for line in scan.report():
+        print(line, file=sys.stderr)
+
+    _check_classes_have_images(path, scan.classes, scan.samples, "holds no image PIL reads")
+    folder = ImageFiles(path, scan.classes, scan.samples)
     bad = unreadable_images([sample for sample, _ in folder.samples])
     if bad and not skip_bad_images:
         shown = "; ".join(f"{file} ({reason})" for file, reason in bad[:3])
@@ -244,34 +444,64 @@ def _image_folder(path: Path, skip_bad_images: bool = False):
             print(f"warning: skipping unreadable image {file} ({reason})", file=sys.stderr)
         print(f"warning: skipped {len(bad)} unreadable image(s) in {path}", file=sys.stderr)
         skipped = {file for file, _ in bad}
-        folder.samples = folder.imgs = [s for s in folder.samples if s[0] not in skipped]
-        folder.targets = [target for _, target in folder.samples]
+        folder = ImageFiles(path, folder.classes, [s for s in folder.samples if s[0] not in skipped])
+        _check_classes_have_images(path, folder.classes, folder.samples, "has no readable image left after "
+                                   "--skip-bad-images left out its unreadable ones")
     return folder
+
+
+def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequence[tuple[str, int]],
+                               what: str) -> None:
+    """A class without images would train as a class that never occurs: an error naming it."""
+    counts = np.bincount([target for _, target in samples], minlength=len(classes))
+    empty = [classes[i] for i in np.flatnonzero(counts == 0)]
+    if empty:
+        shown = ", ".join(empty[:5]) + (f", ... ({len(empty)} in all)" if len(empty) > 5 else "")
+        raise ValueError(f"class folder(s) {shown} of {path} {what}; add images or remove the folder(s); "
+                         f"expected {IMAGEFOLDER_LAYOUT}")
+
+
+#: Names of an ImageFolder's split folders, in the order they are looked for.
+SPLIT_FOLDERS = {"train": ("train",), "val": ("val",)}
+
+
+def split_folder(base: Path, split: str) -> Path | None:
+    """The folder of ``split`` (``train`` or ``val``) in ``base``: the first of its
+    :data:`SPLIT_FOLDERS` names that exists, else None."""
+    return next((base / name for name in SPLIT_FOLDERS[split] if (base / name).is_dir()), None)
+
+
+def _data_folder(root: str | Path, expected: str) -> Path:
+    """``root`` as an existing folder, or an error saying what it is instead."""
+    base = Path(root)
+    if base.is_file():
+        raise NotADirectoryError(f"data folder {base} is a file, not a folder; expected {expected}")
+    if not base.is_dir():
+        raise FileNotFoundError(f"data folder {base} does not exist; expected {expected}")
+    return base
 
 
 def _imagefolder(root: str | None, val_split: float | int | None, seed: int,
                  skip_bad_images: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
     if root is None:
         raise ValueError(f"dataset 'imagefolder' needs data_dir; expected {IMAGEFOLDER_LAYOUT}")
-    base = Path(root)
-    if not base.is_dir():
-        raise FileNotFoundError(f"data folder {base} does not exist; expected {IMAGEFOLDER_LAYOUT}")
-    if not (base / "train").is_dir():
+    base = _data_folder(root, IMAGEFOLDER_LAYOUT)
+    train_folder, val_folder = split_folder(base, "train"), split_folder(base, "val")
+    if train_folder is None:
         found = sorted(p.name for p in base.iterdir() if p.is_dir())
         raise ValueError(f"{base} has no 'train' folder (found folders: {found}); expected {IMAGEFOLDER_LAYOUT}")
-    train = _image_folder(base / "train", skip_bad_images)
+    train = _image_folder(train_folder, skip_bad_images)
     if len(train.classes) < 2:
-        raise ValueError(f"{base / 'train'} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
+        raise ValueError(f"{train_folder} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
                          f"classification needs at least 2 classes; expected {IMAGEFOLDER_LAYOUT}")
     if val_split is not None:
         train_set, val_set = _split(train, train.targets, val_split, seed)
-    elif (base / "val").is_dir():
-        train_set, val_set = train, _image_folder(base / "val", skip_bad_images)
+    elif val_folder is not None:
+        train_set, val_set = train, _image_folder(val_folder, skip_bad_images)
         if val_set.classes != train.classes:
-            raise ValueError(
-                f"class folders of {base / 'val'} ({len(val_set.classes)}) differ from those of "
-                f"{base / 'train'} ({len(train.classes)}); both splits need the same class folders"
-            )
+            raise ValueError(f"the class folders of {val_folder} differ from those of {train_folder} "
+                             f"({class_difference(train.classes, val_set.classes)}); both splits need the same "
+                             "class folders")
     else:
         found = sorted(p.name for p in base.iterdir() if p.is_dir())
         raise ValueError(
@@ -279,6 +509,18 @@ def _imagefolder(root: str | None, val_split: float | int | None, seed: int,
             f"expected {IMAGEFOLDER_LAYOUT}"
         )
     return train_set, val_set, _imagefolder_info(train.classes)
+
+
+def class_difference(expected: Sequence[str], found: Sequence[str]) -> str:
+    """Which classes of ``expected`` are missing from ``found`` and which are extra, up to 5 each."""
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "") or "none"
+
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    if not missing and not extra:
+        return "the same names in another order"
+    return f"missing: {shown(missing)}; extra: {shown(extra)}"
 
 
 def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
@@ -291,13 +533,9 @@ def evaluation_folder(
 ) -> tuple[Dataset, DatasetInfo]:
     """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
     ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
-    base = Path(root)
-    if not base.is_dir():
-        raise FileNotFoundError(
-            f"data folder {base} does not exist; expected DIR/<class>/<image> or DIR/{split}/<class>/<image>"
-        )
-    folder = base / split if (base / split).is_dir() else base
-    if folder == base and {"train", "val"} & {p.name for p in base.iterdir() if p.is_dir()}:
+    base = _data_folder(root, f"DIR/<class>/<image> or DIR/{split}/<class>/<image>")
+    folder = split_folder(base, split) or base
+    if folder == base and any(split_folder(base, name) for name in SPLIT_FOLDERS):
         raise ValueError(
             f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)"
         )

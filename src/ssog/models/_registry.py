@@ -126,10 +126,17 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     when ``name`` is not one of them."""
     known = list_models()
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}?" if close else f"known models: {', '.join(known)}"
-        raise ValueError(f"unknown model {name!r}; {hint}")
+        raise ValueError(f"unknown model {name!r}; {did_you_mean(name, known)}")
     return timm.create_model(name, **kwargs)
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """``"did you mean A, B?"`` with the names of ``known`` closest to ``name``, else the list of
+    ``known`` names when it is short (else a pointer to ``timm.list_models``)."""
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(close)}?"
+    return f"known models: {', '.join(known)}" if len(known) <= 50 else "see timm.list_models() or ssog info"
 
 
 def names_table(families: tuple[str, ...] = ("vit", "loopvit", "odevit")) -> dict[str, tuple[str, str, str]]:

@@ -212,8 +212,8 @@ def check_mixer_options(
 
 
 def check_steer(steer: Iterable[str], steerable: tuple[str, ...]) -> tuple[str, ...]:
-    """``steer`` as a tuple in ``steerable``'s order; an error naming anything else."""
-    steer = tuple(steer)
+    """``steer`` (names, or one name) as a tuple in ``steerable``'s order; an error naming anything else."""
+    steer = (steer,) if isinstance(steer, str) else tuple(steer)  # "mu" is one name, not the letters m, u
     unknown = sorted(set(steer) - set(steerable))
     if unknown:
         raise ValueError(f"cannot steer {unknown}; steer must be a subset of {steerable}")

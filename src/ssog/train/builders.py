@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import ssog.models  # noqa: F401  (registers the ssog models with timm)
+from ssog.models._registry import did_you_mean
 from ssog.data import (
     DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
     training_subset,
@@ -124,12 +125,18 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
         if key in cfg.model_kwargs:
             raise ValueError(f"model_kwargs may not set {key!r}: it comes from {source}")
     if not timm.is_model(cfg.model):
-        ours = timm.list_models("ssog_*") + timm.list_models("mha_*")
-        raise ValueError(f"unknown model {cfg.model!r}; ssog models: {', '.join(ours) or 'none registered'}")
+        raise ValueError(f"unknown model {cfg.model!r} (--model); {did_you_mean(cfg.model, timm.list_models())}")
+    args = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_path_rate=cfg.drop_path)
     try:
-        return timm.create_model(cfg.model, num_classes=num_classes, in_chans=in_chans, img_size=img_size,
-                                 drop_path_rate=cfg.drop_path, **cfg.model_kwargs)
-    except TypeError as error:  # an option the model does not take
+        try:
+            return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
+        except TypeError as error:
+            if "img_size" not in str(error):
+                raise
+            # A model without a fixed input size (a CNN) takes no img_size: the transforms size the images.
+            del args["img_size"]
+            return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
+    except (TypeError, ValueError) as error:  # an option the model does not take, or a value it refuses
         raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {error}") from error
 
 

@@ -202,6 +202,9 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {path} is a folder, not a YAML file; give the recipe file itself "
+                                "(e.g. configs/cifar10_tiny.yaml)")
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
     try:

@@ -4,6 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ssog.data.datasets import class_difference
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig
@@ -68,7 +71,7 @@ def evaluate_checkpoint(
     if folder is not None:
         _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
 
-    in_chans = model.patch_embed.proj.in_channels
+    in_chans = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d)).in_channels  # the stem
     if (model.num_classes, in_chans) != (info.num_classes, info.in_chans):
         raise ValueError(f"checkpoint {path} classifies {model.num_classes} classes of {in_chans}-channel "
                          f"images; the data has {info.num_classes} classes, {info.in_chans} channels")
@@ -89,11 +92,12 @@ def evaluate_checkpoint(
             {"class": name, "images": count, "acc1": acc}
             for name, count, acc in zip(names, metrics.pop("class_counts"), metrics.pop("class_acc1"))
         ]
-    grid = tuple(model.patch_embed.grid_size)
+    patch_embed = getattr(model, "patch_embed", None)  # None: a model without patches (a CNN)
     return {
         **metrics, "checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split,
         "samples": len(loader.dataset), "img_size": img_size or cfg.img_size or info.native_size,
-        "patch_size": list(model.patch_embed.patch_size), "grid": list(grid), "grid_ratio": ratio,
+        "patch_size": list(patch_embed.patch_size) if patch_embed else None,
+        "grid": list(patch_embed.grid_size) if patch_embed else None, "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema, "data_dir": cfg.data_dir,
     }
 
@@ -115,6 +119,8 @@ def _run_data_dir(data_dir: str, output: str | None, checkpoint: Path) -> Path:
 
 def _check_patch_size(model, img_size: int | None, patch_size: int | None) -> None:
     """A patch must fit in the image: one line naming the options, not timm's shape error."""
+    if getattr(model, "patch_embed", None) is None:
+        return  # set_input_size says what such a model cannot do
     size = img_size or model.patch_embed.img_size[0]
     patch = patch_size or model.patch_embed.patch_size[0]
     if patch > size:
@@ -127,11 +133,8 @@ def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...
     if run_classes is None:  # checkpoints written before class names were stored
         return
     if list(folder_classes) != list(run_classes):
-        missing = sorted(set(run_classes) - set(folder_classes))
-        extra = sorted(set(folder_classes) - set(run_classes))
         raise ValueError(
             f"the class folders of {folder} are not the classes the run {path} was trained on "
-            f"(missing: {missing[:5] or 'none'}, not in the run: {extra[:5] or 'none'}; "
-            f"expected {len(run_classes)} folders: "
+            f"({class_difference(run_classes, folder_classes)}; expected {len(run_classes)} folders: "
             f"{', '.join(run_classes[:10])}{', ...' if len(run_classes) > 10 else ''})"
         )

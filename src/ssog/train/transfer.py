@@ -185,13 +185,18 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     if config is None:
         raise ValueError(f"{path} holds weights only; building its model needs a checkpoint written by ssog train")
     cfg = TrainConfig.from_dict({**config, "output": None, "init_from": _architecture_init(config.get("init_from"))})
-    proj = weights["patch_embed.proj.weight"]  # (D, C, p, p)
-    tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
-    grid = math.isqrt(tokens)
-    if grid * grid != tokens:
-        raise ValueError(f"{path}: a position embedding of {tokens} patch tokens is not a square grid")
-    head = weights.get("head.weight")
-    model = build_model(cfg, 0 if head is None else head.shape[0], proj.shape[1], grid * proj.shape[-1])
+    proj = weights.get("patch_embed.proj.weight")  # (D, C, p, p)
+    if proj is not None:
+        tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
+        grid = math.isqrt(tokens)
+        if grid * grid != tokens:
+            raise ValueError(f"{path}: a position embedding of {tokens} patch tokens is not a square grid")
+        head = weights.get("head.weight")
+        model = build_model(cfg, 0 if head is None else head.shape[0], proj.shape[1], grid * proj.shape[-1])
+    else:  # a model without a patch embedding (a CNN): any input size, the channels of its first convolution
+        stem = next(tensor for tensor in weights.values() if tensor.ndim == 4)
+        classes = load_checkpoint(path, only=("classes",)).get("classes") or ()
+        model = build_model(cfg, len(classes), stem.shape[1], cfg.img_size or 224)
     check_state_dict(model, weights, f"checkpoint {path}")
     model.load_state_dict(weights)
     return model
