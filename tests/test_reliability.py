@@ -3,6 +3,7 @@ for an interruption), creates nothing and loses nothing."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import signal
 import subprocess
@@ -197,3 +198,172 @@ def test_a_signal_saves_the_step_and_says_how_to_resume(signum, tmp_path, tiny_c
     epoch = progress["epoch"] + (1 if progress["step_in_epoch"] else 0)
     assert (epoch, progress["global_step"]) == (int(stopped.group(1)), int(stopped.group(2)))
     assert "Traceback" not in err
+
+
+# ================================================================ second round (issue 23)
+def _synthetic_args(tiny_config, output) -> list[str]:
+    """:func:`_tiny_args` on 32 synthetic images of 4 classes: 8 steps of 4 images per epoch."""
+    return [*_tiny_args(tiny_config, output), "--dataset", "synthetic", "--set", "synthetic_size=32",
+            "--set", "synthetic_classes=4"]
+
+
+# ---------------------------------------------------------------- run folders are owned
+def test_default_run_folders_never_collide(tmp_path, monkeypatch, capsys, tiny_config):
+    from ssog.train import engine
+
+    class SameSecond(engine.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(engine, "datetime", SameSecond)
+    monkeypatch.chdir(tmp_path)
+    args = [arg for arg in _synthetic_args(tiny_config, "unused") if arg not in ("--output", "unused")]
+    assert main(["train", *args]) == 0 and main(["train", *args]) == 0
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(runs) == 2 and all(re.fullmatch(r"20260102-030405-[0-9a-f]{6}", name) for name in runs), runs
+    assert all((tmp_path / "runs" / name / "last.safetensors").is_file() for name in runs)
+
+
+def test_a_folder_in_use_by_another_run_is_refused(tmp_path, capsys, tiny_config):
+    import os
+
+    from ssog.files import FolderLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with FolderLock(run):  # another training of this machine, alive, holds the folder
+        assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+        assert f"{run} is in use by process {os.getpid()} on" in _error_line(capsys)
+        assert sorted(p.name for p in run.iterdir()) == [FolderLock.NAME]
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 0
+    assert not (run / FolderLock.NAME).exists()  # released at the end
+
+
+def test_a_users_recipe_in_the_output_folder_is_never_replaced(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    recipe = "# my recipe\nepochs: 1\nvariants:\n  short: {epochs: 1}\n"
+    (tmp_path / "config.yaml").write_text(recipe)
+    for extra in ([], ["--overwrite"]):
+        assert main(["train", "--config", "config.yaml", "--variant", "short", "--output", ".", *extra]) == 2
+        assert "--output . holds a config.yaml that is not a run's (a recipe?)" in _error_line(capsys)
+        assert (tmp_path / "config.yaml").read_text() == recipe
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_another_runs_files_are_refused_unless_overwrite_which_replaces_only_those(tmp_path, capsys, tiny_config):
+    run = tmp_path / "run"
+    run.mkdir()
+    earlier = {"summary.json": "{}", "log.jsonl": "{}\n", "curves.png": "png"}  # a run that kept no checkpoint
+    users = {"notes.txt": "mine", "model.tmp": "mine too", ".cache.tmp": "and this"}
+    for name, text in {**earlier, **users}.items():
+        (run / name).write_text(text)
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert (f"{run} already holds a run (log.jsonl, curves.png, summary.json): choose another --output, or pass "
+            "--overwrite to replace that run's files") in _error_line(capsys)
+    assert all((run / name).read_text() == text for name, text in earlier.items())
+
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events").write_text("an earlier run's")
+    assert main(["train", *_synthetic_args(tiny_config, run), "--overwrite"]) == 0
+    assert all((run / name).read_text() == text for name, text in users.items())
+    assert not (run / "tensorboard").exists()  # the earlier run's, and this run writes none
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+    assert main(["train", "--resume", str(run), "--overwrite"]) == 2
+    assert "--overwrite starts a new run" in _error_line(capsys)
+
+
+def test_checkpoints_get_the_permissions_of_the_other_run_files(tmp_path, tiny_config):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        train(tiny_config(tmp_path / "run", epochs=1))
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "run").iterdir()}
+    assert set(modes.values()) == {0o644}, modes
+    assert {"last.safetensors", "best.safetensors", "config.yaml", "log.jsonl"} <= set(modes)
+
+
+# ---------------------------------------------------------------- resources: one line, resumable
+def _history_epochs(run) -> list[int]:
+    return [json.loads(line)["epoch"] for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def test_a_full_disk_stops_in_one_line_and_the_run_resumes(tmp_path, monkeypatch, capsys, tiny_config):
+    import errno
+
+    from ssog.train import checkpoint
+
+    run = tmp_path / "run"
+    opened = []
+
+    def disk_full_at_the_second_epoch(path, mode="r", *args, **kwargs):
+        opened.append(mode)
+        if opened.count("xb") > 2 and mode == "xb":  # best and last of epoch 1 fit
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", disk_full_at_the_second_epoch, raising=False)
+    assert main(["train", *_synthetic_args(tiny_config, run), "--epochs", "2"]) == 2
+    line = _error_line(capsys)
+    assert re.search(rf"disk full \(ENOSPC\) writing {run}/(best|last).safetensors; the previous file is kept; the "
+                     rf"last checkpoint {run}/last.safetensors \(epoch 1, step 8\) is kept; resume it with ssog train "
+                     rf"--resume {run}$", line), line
+    for name in ("last.safetensors", "best.safetensors"):
+        assert read_checkpoint_info(run / name)["progress"]["epoch"] == 1
+    assert _history_epochs(run) == [1]
+    assert not [p for p in run.iterdir() if "ssog-tmp" in p.name]
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run)]) == 0
+    assert _history_epochs(run) == [1, 2]
+
+
+def test_out_of_memory_stops_in_one_line_and_the_resumed_run_matches(tmp_path, monkeypatch, capsys, tiny_config):
+    from ssog.models.vit import ViT
+
+    reference = train(tiny_config(tmp_path / "reference"))
+    forward, calls = ViT.forward, []
+
+    def out_of_memory_in_epoch_two(self, x):
+        if self.training:
+            calls.append(1)
+            if len(calls) == 6:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return forward(self, x)
+
+    monkeypatch.setattr(ViT, "forward", out_of_memory_in_epoch_two)
+    run = tmp_path / "run"
+    with pytest.raises(MemoryError) as caught:
+        train(tiny_config(run))
+    assert str(caught.value) == (f"out of memory on cpu at epoch 2 step 6 ({tiny_config(run).model}, batch 16, 8px); "
+                                 f"the last checkpoint {run}/last.safetensors (epoch 1, step 4) is kept; resume it "
+                                 f"with ssog train --resume {run}")
+    monkeypatch.undo()
+    resumed = train(resume=run)  # nothing of the failed step was kept: exactly the uninterrupted run
+    assert {k: resumed[k] for k in ("acc1", "loss", "train_loss")} == \
+        {k: reference[k] for k in ("acc1", "loss", "train_loss")}
+
+
+def test_a_failing_plot_loses_no_checkpoint_and_a_bad_mplbackend_stops_at_once(tmp_path, monkeypatch, capsys,
+                                                                               tiny_config, run_child, ssog_cli):
+    from ssog.train import logger
+
+    def broken(history, path):
+        raise ValueError("matplotlib failed")
+
+    monkeypatch.setattr(logger, "plot_curves", broken)
+    run = tmp_path / "run"
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert "matplotlib failed" in _error_line(capsys)
+    assert read_checkpoint_info(run / "last.safetensors")["progress"]["epoch"] == 1
+
+    # matplotlib reads MPLBACKEND when imported, so this needs a fresh process
+    env = {**ssog_cli.env(), "MPLBACKEND": "nonsense"}
+    result = run_child(ssog_cli.command("train", "--epochs", "1", "--output", str(tmp_path / "other")), 300,
+                       env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert ("ssog train: error: MPLBACKEND='nonsense' is not a matplotlib backend, and matplotlib does not import "
+            "with it; unset MPLBACKEND") in result.stderr
+    assert not (tmp_path / "other").exists()

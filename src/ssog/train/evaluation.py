@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ssog.data.datasets import class_difference
+from ssog.runtime import is_out_of_memory
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig
@@ -78,14 +79,21 @@ def evaluate_checkpoint(
     _check_patch_size(model, img_size, patch_size)
     # Move from the trained size to the new one the way timm resamples.
     ratio = 1.0
-    if img_size is not None or patch_size is not None:
-        ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
-    elif rescale_kernels:
+    if rescale_kernels and img_size is None and patch_size is None:
         raise ValueError("--rescale-kernels needs --img-size or --patch-size (a new grid to rescale to)")
-    model.to(ctx.device)
-    bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
-    with torch_settings(cfg, ctx):
-        metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class)
+    try:
+        if img_size is not None or patch_size is not None:
+            ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
+        model.to(ctx.device)
+        bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
+        with torch_settings(cfg, ctx):
+            metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class)
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        size = img_size or cfg.img_size or info.native_size
+        raise MemoryError(f"out of memory on {ctx.device} evaluating {cfg.model} at {size}px (--img-size) with "
+                          f"batch_size {cfg.batch_size} (--batch-size); lower them") from None
     if per_class:
         names = info.classes or tuple(str(i) for i in range(info.num_classes))
         metrics["per_class"] = [

@@ -1,0 +1,134 @@
+"""ssog.files: atomic writes with ordinary permissions and one-line errors, results never replaced
+unasked, run folders locked."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ssog import files
+from ssog.files import FolderLock, WriteError, clear_results, is_temporary, replacing, write_atomic
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _full_disk(monkeypatch, after: int = 0):
+    """Make ``ssog.files``' writes fail with ENOSPC once ``after`` bytes are written."""
+    real_open = open
+
+    class Full:
+        def __init__(self, handle):
+            self.handle, self.written = handle, 0
+
+        def write(self, data):
+            if self.written + len(data) > after:
+                self.handle.write(data[: max(0, after - self.written)])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.written += len(data)
+            return self.handle.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+    monkeypatch.setattr(files, "open", lambda *a, **k: Full(real_open(*a, **k)), raising=False)
+
+
+def test_write_atomic_gives_ordinary_permissions_and_leaves_no_temporary(tmp_path, umask_022):
+    path = write_atomic(tmp_path / "a.json", "{}")
+    assert path.read_text() == "{}"
+    assert path.stat().st_mode & 0o777 == 0o644
+    os.chmod(path, 0o600)  # replacing a file gives the new one ordinary permissions again
+    write_atomic(path, b"[]")
+    assert path.read_bytes() == b"[]" and path.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_disk_full_keeps_the_previous_file_in_one_line(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    path.write_text("previous")
+    _full_disk(monkeypatch, after=3)
+    with pytest.raises(WriteError) as caught:
+        write_atomic(path, "new contents")
+    assert str(caught.value) == f"disk full (ENOSPC) writing {path}; the previous file is kept"
+    assert caught.value.errno == errno.ENOSPC
+    assert path.read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # the partial temporary is gone
+    with pytest.raises(WriteError, match="nothing was written"):
+        write_atomic(tmp_path / "new.json", "new contents")
+    assert not (tmp_path / "new.json").exists()
+
+
+def test_files_written_together_change_together(tmp_path):
+    first, second = tmp_path / "best", tmp_path / "last"
+    first.write_text("old best")
+    second.write_text("old last")
+    with pytest.raises(RuntimeError, match="failed"):
+        with replacing(first, second) as (tmp_first, tmp_second):
+            tmp_first.write_text("new best")
+            raise RuntimeError("writing last failed")
+    assert (first.read_text(), second.read_text()) == ("old best", "old last")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "last"]
+
+
+def test_no_overwrite_refuses_an_existing_file(tmp_path):
+    path = tmp_path / "metrics.json"
+    write_atomic(path, "1", overwrite=False)
+    with pytest.raises(FileExistsError, match=r"metrics.json already exists.*--overwrite"):
+        write_atomic(path, "2", overwrite=False)
+    assert path.read_text() == "1"
+
+
+def test_clear_results_refuses_or_removes_only_the_commands_files(tmp_path):
+    (tmp_path / "results.json").write_text("earlier")
+    (tmp_path / "fig1.png").write_text("earlier figure")
+    (tmp_path / "notes.txt").write_text("the user's")
+    with pytest.raises(FileExistsError, match=r"results.json.*already exist \(results of an earlier ssog bench\); "
+                                              r"pass --overwrite"):
+        clear_results(tmp_path, ["results.json", "fig*.png"], overwrite=False, what="ssog bench")
+    assert (tmp_path / "results.json").exists()
+    clear_results(tmp_path, ["results.json", "fig*.png"], overwrite=True, what="ssog bench")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    clear_results(tmp_path / "new", ["results.json"], overwrite=False, what="ssog bench")  # nothing there yet
+
+
+def test_a_folder_lock_is_exclusive_and_released(tmp_path):
+    with FolderLock(tmp_path) as lock:
+        record = json.loads(lock.path.read_text())
+        assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+        with pytest.raises(FileExistsError, match=rf"is in use by process {os.getpid()} on "):
+            FolderLock(tmp_path)
+    assert not lock.path.exists()
+    FolderLock(tmp_path).release()
+
+
+def test_the_lock_of_a_dead_process_is_taken_over_with_a_note(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    (tmp_path / FolderLock.NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname(),
+                                                        "started": "earlier", "what": "training run"}))
+    lock = FolderLock(tmp_path)
+    assert lock.note and f"took over {tmp_path} from process {pid}" in lock.note
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    lock.release()
+    # a lock held on another machine is never taken over: that process may be alive
+    (tmp_path / FolderLock.NAME).write_text(json.dumps({"pid": pid, "host": "elsewhere", "started": "earlier"}))
+    with pytest.raises(FileExistsError, match=f"in use by process {pid} on elsewhere"):
+        FolderLock(tmp_path)
+
+
+def test_temporaries_are_marked():
+    assert is_temporary(".last.safetensors.123-abcd.ssog-tmp.safetensors")
+    assert not is_temporary("model.tmp")
