@@ -63,6 +63,16 @@ def _tiny_args(tiny_config, output) -> list[str]:
     (["--output", "a_file"], "--output a_file is an existing file"),
     (["--output", "a_file/run"], "a_file is a file, not a folder"),
     (["--output", "finished"], "finished already holds a run (best.safetensors): choose another --output"),
+    # second round (issue 23): every message names the user's setting
+    (["--model", "ssog_vit_digits_patch2_9"],
+     "unknown model 'ssog_vit_digits_patch2_9' (--model); did you mean ssog_vit_digits_patch2_8"),
+    (["--config", "finished"], "finished is a folder, not a YAML file; give the recipe file itself"),
+    (["--data-dir", "a_file"], "a_file is a file, not a folder"),
+    (["--val-split", "0.001"], "val_split 0.001 (--val-split) holds out 2 of 1797 images, and a stratified split "
+                               "of 10 classes needs at least 10 on each side: give a count in [10, 1787] or a "
+                               "fraction in [0.0056, 0.9944]"),
+    (["--val-split", "1790"], "val_split 1790 (--val-split) holds out 1790 of 1797 images"),
+    (["--set", "model_kwargs.steer=[mu, far]"], "with model_kwargs {'steer': ['mu', 'far']}: cannot steer ['far']"),
 ])
 def test_bad_settings_fail_in_one_line_and_create_nothing(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -367,3 +377,191 @@ def test_a_failing_plot_loses_no_checkpoint_and_a_bad_mplbackend_stops_at_once(t
     assert ("ssog train: error: MPLBACKEND='nonsense' is not a matplotlib backend, and matplotlib does not import "
             "with it; unset MPLBACKEND") in result.stderr
     assert not (tmp_path / "other").exists()
+
+
+# ---------------------------------------------------------------- results are never replaced unasked
+def test_eval_output_never_replaces_a_file_unasked_nor_leaves_a_partial_one(one_epoch_run, monkeypatch, capsys):
+    import errno
+
+    from ssog import files
+
+    summary = one_epoch_run / "summary.json"
+    before = summary.read_text()
+    args = ["eval", "--checkpoint", str(one_epoch_run), "--output", str(summary)]
+    assert main(args) == 2
+    assert f"{summary} already exists (--output); pass --overwrite" in _error_line(capsys, "eval")
+    assert summary.read_text() == before
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads(summary.read_text())["checkpoint"] == str(one_epoch_run / "best.safetensors")
+
+    def full(path, mode="r", *rest, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "open", full, raising=False)
+    metrics = one_epoch_run.parent / "metrics.json"
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(metrics)]) == 2
+    assert f"disk full (ENOSPC) writing {metrics}; nothing was written" in _error_line(capsys, "eval")
+    assert not metrics.exists() and not list(one_epoch_run.parent.glob(".metrics*"))
+
+
+def test_bench_and_analyze_refuse_earlier_results_before_working(tmp_path, monkeypatch, capsys):
+    from ssog.bench import sweep
+
+    bench_args = ["bench", "--size", "micro", "--families", "vit", "--resolutions", "4", "--batch-sizes", "1",
+                  "--width-sizes", "--warmup", "1", "--iters", "1", "--device", "cpu", "--no-plots",
+                  "--output", str(tmp_path)]
+    assert main(bench_args) == 0
+    stale = tmp_path / "fig1_width.png"
+    stale.write_text("a figure of an earlier sweep")
+    (tmp_path / "notes.md").write_text("the user's")
+    monkeypatch.setattr(sweep, "run_model_sweep", lambda *a, **k: pytest.fail("measured before refusing"))
+    assert main(bench_args) == 2
+    assert "already exist (results of an earlier ssog bench); pass --overwrite" in _error_line(capsys, "bench")
+    monkeypatch.undo()
+    assert main([*bench_args, "--overwrite"]) == 0
+    assert not stale.exists() and (tmp_path / "notes.md").exists() and (tmp_path / "results.json").exists()
+
+    analyze = ["analyze", "kernels", "--model", "ssog_vit_micro_patch1_8", "--output", str(tmp_path / "a")]
+    assert main(analyze) == 0
+    assert main(analyze) == 2
+    line = _error_line(capsys, "analyze")
+    assert "kernels.json" in line and "(results of an earlier ssog analyze kernels); pass --overwrite" in line
+    assert main([*analyze, "--overwrite"]) == 0
+
+
+def test_export_refuses_an_existing_file_and_a_negative_class_count(tmp_path, capsys):
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"an earlier export")
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(onnx)]) == 2
+    assert f"{onnx} already exists (--output); pass --overwrite" in _error_line(capsys, "export")
+    assert onnx.read_bytes() == b"an earlier export"
+    new = tmp_path / "new.onnx"
+    for command in (["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(new)],
+                    ["info", "ssog_vit_micro_patch1_8"]):
+        assert main([*command, "--num-classes", "-3"]) == 2
+        assert "--num-classes must be >= 0 (0: no classifier" in _error_line(capsys, command[0])
+    assert not new.exists()
+
+
+# ---------------------------------------------------------------- messages name the setting
+def test_steer_given_as_one_name_and_a_linear_probe_without_init_from(tmp_path, capsys, tiny_config):
+    run = tmp_path / "run"
+    assert main(["train", *_synthetic_args(tiny_config, run), "--set", "model_kwargs.steer=mu", "--linear-probe"]) == 0
+    assert "warning: --linear-probe without --init-from trains a classifier on a randomly initialised, frozen " \
+           "backbone" in capsys.readouterr().err
+    weights = load_checkpoint(run / "best.safetensors", only=("model",))["model"]
+    assert any(".steer_proj.mu." in name for name in weights) and not any("steer_proj.sigma" in n for n in weights)
+
+
+def test_a_timm_model_without_img_size_trains_and_evaluates(tmp_path, capsys, tiny_config):
+    run = tmp_path / "run"
+    assert main(["train", "--model", "test_resnet", "--dataset", "synthetic", "--set", "synthetic_size=32",
+                 "--set", "synthetic_classes=4", "--img-size", "8", "--epochs", "1", "--batch-size", "4",
+                 "--no-progress", "--output", str(run)]) == 0
+    assert main(["eval", "--checkpoint", str(run)]) == 0
+    assert "test_resnet on synthetic val (8 images, 8px): Acc@1" in capsys.readouterr().out
+
+
+def test_eval_names_patch_size_and_a_run_folder_without_best(one_epoch_run, capsys):
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--patch-size", "64"]) == 2
+    assert "--patch-size 64 is larger than the 8px image; choose a patch size of at most 8" \
+        in _error_line(capsys, "eval")
+    only_last = one_epoch_run.parent / "stopped"
+    only_last.mkdir()
+    (only_last / "last.safetensors").write_bytes((one_epoch_run / "last.safetensors").read_bytes())
+    assert main(["eval", "--checkpoint", str(only_last)]) == 2
+    assert (f"the run folder {only_last} has no best.safetensors (it holds last.safetensors); pass one of those "
+            f"files, e.g. {only_last / 'last.safetensors'}") in _error_line(capsys, "eval")
+    assert main(["eval", "--checkpoint", str(only_last / "last.safetensors")]) == 0
+
+
+def test_seed_beyond_32_bits_is_refused_not_wrapped():
+    from ssog.train import TrainConfig
+
+    TrainConfig(seed=2**32 - 1)
+    for field in ("seed", "split_seed"):
+        with pytest.raises(ValueError, match=rf"{field}.* must be in \[0, 4294967295\]"):
+            TrainConfig(**{field: 2**32})
+
+
+@pytest.fixture
+def cpp_switch(monkeypatch):
+    """Set SSOG_CPP for one test; the cpp backend's cached availability follows it."""
+    from ssog.ops import cpp_kernels
+
+    def clear():
+        cpp_kernels._library.cache_clear()
+        cpp_kernels._head_dims.cache_clear()
+
+    def switch(value: str):
+        monkeypatch.setenv("SSOG_CPP", value)
+        clear()
+        return cpp_kernels
+
+    yield switch
+    monkeypatch.undo()
+    clear()
+
+
+def test_ssog_cpp_accepts_false_and_warns_on_nonsense(cpp_switch):
+    for value in ("false", "No", "OFF", "0"):
+        assert not cpp_switch(value).available()
+        assert cpp_switch(value).unavailable_reason() == f"disabled by SSOG_CPP={value}"
+    with pytest.warns(UserWarning, match="SSOG_CPP='maybe' is not 0/1"):
+        assert not cpp_switch("maybe").available()
+
+
+OP_TINY = ["bench-op", "--grids", "2", "--batch", "1", "--heads", "1", "--head-dim", "8", "--atoms", "1",
+           "--rounds", "1", "--warmup", "1", "--forward-only", "--steered-grid", "0"]
+
+
+def test_bench_op_names_a_backend_or_device_it_cannot_use(tmp_path, capsys, cpp_switch):
+    args = [*OP_TINY, "--device", "cpu", "--output", str(tmp_path)]
+    assert main([*args, "--backends", "triton"]) == 2
+    assert "--backends triton cannot run here: it needs a CUDA device and the triton package (device cpu)" \
+        in _error_line(capsys, "bench-op")
+    cpp_switch("false")
+    assert main([*args, "--backends", "cpp", "dense"]) == 2
+    assert "--backends cpp cannot run here: disabled by SSOG_CPP=false" in _error_line(capsys, "bench-op")
+    assert not list(tmp_path.iterdir())
+    assert main(args) == 0  # every backend that can run, and a note for the others
+    out = capsys.readouterr().out
+    assert "note: not timing cpp: disabled by SSOG_CPP=false" in out and "note: not timing triton" in out
+    if not torch.cuda.is_available():
+        assert main([*OP_TINY, "--device", "cuda", "--output", str(tmp_path / "gpu")]) == 2
+        assert "device 'cuda' requested but CUDA is not available on this machine; use --device cpu" \
+            in _error_line(capsys, "bench-op")
+
+
+def test_flops_at_any_size_is_quick_or_one_line(capsys):
+    assert main(["flops", "ssog_vit_micro_patch1_8", "--img-size", "100000"]) == 0
+    assert "(10000000000 tokens)" in capsys.readouterr().out
+    assert main(["flops", "mha_vit_micro_patch1_8", "--img-size", "100000"]) == 2
+    assert "--img-size 100000: a tensor of mha_vit_micro_patch1_8 at this size has more elements than PyTorch " \
+           "can count" in _error_line(capsys, "flops")
+
+
+def _allocations_fail_fast() -> bool:
+    """Whether a request for far more memory than the machine has fails at once (Linux's default
+    heuristic overcommit) rather than being granted and then killing the process."""
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as mode:
+            return mode.read().strip() in ("0", "2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _allocations_fail_fast(), reason="needs an allocator that refuses impossible requests")
+def test_an_impossible_image_size_is_one_line_or_an_oom_point(one_epoch_run, tmp_path, capsys):
+    assert main(["train", "--img-size", "100000", "--epochs", "1", "--output", str(tmp_path / "huge")]) == 2
+    assert re.search(r"out of memory on cpu preparing ssog_vit_digits_patch2_8 and its data at img_size 100000 "
+                     r"with batch_size 64; lower --img-size or --batch-size$", _error_line(capsys))
+    assert not (tmp_path / "huge").exists()
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--img-size", "100000"]) == 2
+    assert "out of memory on cpu evaluating ssog_vit_micro_patch1_8 at 100000px (--img-size)" \
+        in _error_line(capsys, "eval")
+    assert main(["bench", "--size", "micro", "--families", "vit", "--resolutions", "8", "1000000",
+                 "--batch-sizes", "1", "--width-sizes", "--warmup", "1", "--iters", "1", "--device", "cpu",
+                 "--no-plots", "--output", str(tmp_path / "bench")]) == 0
+    rows = json.loads((tmp_path / "bench" / "results.json").read_text())["rows"]
+    assert [(row["resolution"], row["status"]) for row in rows] == [(8, "ok")] * 2 + [(1000000, "oom")] * 2

@@ -9,6 +9,8 @@ from torch import Tensor, nn
 from timm.layers import DropPath, Mlp
 
 from ..layers import MultiHeadAttention, SSoGAttention
+from ..layers.ssog_attention import STEERABLE
+from ..ops.checks import check_steer
 
 #: Token mixers a model can be built with.
 OPS: tuple[str, ...] = ("mha", "ssog")
@@ -40,7 +42,7 @@ def resolve_mixer_args(op: str, **options: Any) -> dict[str, Any]:
         return {}
     defaults = inspect.signature(SSoGAttention).parameters
     resolved = {name: given.get(name, defaults[name].default) for name in SSOG_OPTIONS}
-    resolved["steer"] = tuple(resolved["steer"])
+    resolved["steer"] = check_steer(resolved["steer"], STEERABLE)  # "mu" is one name, not the letters m, u
     return resolved
 
 

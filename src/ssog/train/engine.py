@@ -664,5 +664,5 @@ def _build_trainer(cfg: TrainConfig, ctx: DistContext, output: Path, state: dict
         if not is_out_of_memory(error):
             raise
         size = f"img_size {cfg.img_size}" if cfg.img_size else "the data's image size"
-        raise TrainingOutOfMemory(f"out of memory on {ctx.device} building {cfg.model} at {size} with batch_size "
-                                  f"{cfg.batch_size}; lower --img-size or --batch-size") from None
+        raise TrainingOutOfMemory(f"out of memory on {ctx.device} preparing {cfg.model} and its data at {size} with "
+                                  f"batch_size {cfg.batch_size}; lower --img-size or --batch-size") from None

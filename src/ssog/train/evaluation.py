@@ -1,8 +1,9 @@
 """Evaluate a checkpoint on any data source, optionally at another image or patch size."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -11,7 +12,7 @@ from ssog.runtime import is_out_of_memory
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig
-from ssog.train.distributed import init_distributed
+from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import torch_settings
 from ssog.train.logger import progress_bar
 from ssog.train.metrics import evaluate
@@ -68,7 +69,8 @@ def evaluate_checkpoint(
     ctx = init_distributed(cfg.device)
     # A folder given here is evaluated whole: the run's val_split belongs to the run's own data.
     folder = (data or {}).get("data_dir") if cfg.dataset == "imagefolder" else None
-    loader, info = build_eval_data(cfg, ctx, split, folder=folder)
+    with _out_of_memory_named(cfg, ctx):  # synthetic images are made in memory at img_size
+        loader, info = build_eval_data(cfg, ctx, split, folder=folder)
     if folder is not None:
         _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
 
@@ -81,19 +83,13 @@ def evaluate_checkpoint(
     ratio = 1.0
     if rescale_kernels and img_size is None and patch_size is None:
         raise ValueError("--rescale-kernels needs --img-size or --patch-size (a new grid to rescale to)")
-    try:
+    with _out_of_memory_named(cfg, ctx, info.native_size):
         if img_size is not None or patch_size is not None:
             ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
         model.to(ctx.device)
         bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
         with torch_settings(cfg, ctx):
             metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class)
-    except (RuntimeError, MemoryError) as error:
-        if not is_out_of_memory(error):
-            raise
-        size = img_size or cfg.img_size or info.native_size
-        raise MemoryError(f"out of memory on {ctx.device} evaluating {cfg.model} at {size}px (--img-size) with "
-                          f"batch_size {cfg.batch_size} (--batch-size); lower them") from None
     if per_class:
         names = info.classes or tuple(str(i) for i in range(info.num_classes))
         metrics["per_class"] = [
@@ -108,6 +104,19 @@ def evaluate_checkpoint(
         "grid": list(patch_embed.grid_size) if patch_embed else None, "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema, "data_dir": cfg.data_dir,
     }
+
+
+@contextmanager
+def _out_of_memory_named(cfg: TrainConfig, ctx: DistContext, native_size: int | None = None) -> Iterator[None]:
+    """Running out of memory in the block as one line naming the sizes to lower."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        size = f"{cfg.img_size or native_size}px" if cfg.img_size or native_size else "its image size"
+        raise MemoryError(f"out of memory on {ctx.device} evaluating {cfg.model} at {size} (--img-size) with "
+                          f"batch_size {cfg.batch_size} (--batch-size); lower them") from None
 
 
 def _run_data_dir(data_dir: str, output: str | None, checkpoint: Path) -> Path:
