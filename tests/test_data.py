@@ -120,6 +120,136 @@ def test_cifar_missing_points_to_download(tmp_path):
         build_datasets("cifar100", str(tmp_path))
 
 
+def test_cifar_damaged_or_not_downloadable_is_named(tmp_path, monkeypatch):
+    import urllib.error
+
+    import torchvision.datasets.cifar as tv_cifar
+
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "batches.meta"):
+        (folder / name).write_bytes(b"not the real batch")
+    with pytest.raises(ValueError, match=r"cifar10 in \S+cifar-10-batches-py is incomplete or corrupt \(missing: "
+                                         r"test_batch; failing their MD5 check: data_batch_1, .*batches.meta\); "
+                                         r"delete \S+ and download it again"):
+        build_datasets("cifar10", str(tmp_path))
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(tv_cifar, "download_and_extract_archive", offline)
+    with pytest.raises(OSError, match=r"could not download cifar10 from https://\S+ \(\[Errno -3\] Temporary failure "
+                                      r"in name resolution\); where this machine has no network, fetch "
+                                      r"cifar-10-python.tar.gz elsewhere and extract it into"):
+        build_datasets("cifar10", str(tmp_path / "elsewhere"), download=True)
+
+
+@pytest.mark.parametrize("val_split, message", [
+    (0.05, r"holds out 2 of 40 images, and a stratified split of 4 classes needs at least 4 on each side: give a "
+           r"count in \[4, 36\] or a fraction in \[0.1, 0.9\]"),
+    (38, r"holds out 38 of 40 images"),
+])
+def test_stratified_split_names_the_sizes_it_needs(val_split, message):
+    with pytest.raises(ValueError, match=rf"val_split {val_split} \(--val-split\) {message}"):
+        stratified_split([0, 1, 2, 3] * 10, val_split, seed=0)
+    with pytest.raises(ValueError, match="at least 2 images of every class, and 1 of the 3 classes have only 1"):
+        stratified_split([0, 0, 1, 1, 2], 2, seed=0)
+
+
+# ---------------------------------------------------------------- image modes: what the user sees
+def _saved(tmp_path, image: Image.Image, name: str) -> str:
+    path = tmp_path / name
+    image.save(path)
+    return str(path)
+
+
+def test_sixteen_bit_and_float_images_are_scaled_not_clipped(tmp_path):
+    from ssog.data.datasets import load_image
+
+    ramp = np.linspace(0, 1, 64).reshape(8, 8)
+    png16 = _saved(tmp_path, Image.fromarray(np.round(ramp * 65535).astype(np.uint16)), "a.png")
+    float01 = _saved(tmp_path, Image.fromarray(ramp.astype(np.float32)), "b.tif")
+    float255 = _saved(tmp_path, Image.fromarray((ramp * 255).astype(np.float32)), "c.tif")
+    int32 = _saved(tmp_path, Image.fromarray(np.round(ramp * (2**31 - 1)).astype(np.int32)), "d.tif")
+    assert Image.open(png16).mode == "I;16" and Image.open(float01).mode == "F"
+    expected = np.round(ramp * 255)
+    for path in (png16, float01, float255, int32):  # int32: a signed TIFF, by its largest value 2**31 - 1
+        pixels = np.asarray(load_image(path), dtype=np.float64)
+        assert pixels.shape == (8, 8, 3) and np.abs(pixels[..., 0] - expected).max() <= 1, path
+    negative = _saved(tmp_path, Image.fromarray((ramp - 0.5).astype(np.float32)), "e.tif")
+    with pytest.raises(ValueError, match=r"cannot decode image \S+e.tif .*float image with values in \[-0.5, 0.5\]"):
+        load_image(negative)
+
+
+def test_alpha_and_palette_images_keep_their_colours(tmp_path, recwarn):
+    from ssog.data.datasets import load_image
+
+    rgb = np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    alpha = np.full((8, 8, 1), 7, dtype=np.uint8)  # nearly transparent: dropped, not composited
+    rgba = _saved(tmp_path, Image.fromarray(np.concatenate([rgb, alpha], -1), "RGBA"), "rgba.png")
+    assert np.array_equal(np.asarray(load_image(rgba)), rgb)
+    grey = Image.fromarray(rgb[..., 0]).convert("LA")
+    assert np.array_equal(np.asarray(load_image(_saved(tmp_path, grey, "la.png")))[..., 1], rgb[..., 0])
+    palette = Image.fromarray(rgb).quantize(16)
+    palette.info["transparency"] = 0
+    path = _saved(tmp_path, palette, "p.png")
+    assert np.array_equal(np.asarray(load_image(path)), np.asarray(palette.convert("RGB")))
+    cmyk = Image.fromarray(rgb).convert("CMYK")
+    assert np.array_equal(np.asarray(load_image(_saved(tmp_path, cmyk, "c.jpg"))).shape, (8, 8, 3))
+    assert not [w for w in recwarn if "Palette" in str(w.message)]
+
+
+# ---------------------------------------------------------------- what an ImageFolder holds
+def test_hidden_entries_symlink_loops_and_unread_files(tmp_path, capsys):
+    import os
+
+    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
+    train = tmp_path / "train"
+    (train / ".ipynb_checkpoints").mkdir()  # not a class
+    Image.new("RGB", (12, 12)).save(train / ".ipynb_checkpoints" / "x.png")
+    (train / "cat" / ".DS_Store").write_bytes(b"finder")
+    Image.new("RGB", (12, 12)).save(train / "cat" / "anim.gif")  # read: PIL reads GIF
+    (train / "dog" / "notes.txt").write_text("not an image")
+    (train / "dog" / "raw.xyz").write_text("not an image")
+    os.symlink("..", train / "cat" / "up")  # a loop: would repeat every class inside cat
+    os.symlink("../dog", train / "cat" / "dogs")  # another class's folder: would mislabel it
+    (tmp_path / "extra").mkdir()
+    Image.new("RGB", (12, 12)).save(tmp_path / "extra" / "more.png")
+    os.symlink(tmp_path / "extra", train / "dog" / "extra")  # a folder linked on purpose: followed
+    os.symlink(tmp_path / "missing.png", train / "dog" / "gone.png")
+
+    dataset, _, info = build_datasets("imagefolder", str(tmp_path), val_split=2)
+    folder = dataset.dataset
+    assert folder.classes == ["cat", "dog"] and info.num_classes == 2
+    names = sorted((os.path.relpath(path, train), target) for path, target in folder.samples)
+    assert names == [("cat/0.png", 0), ("cat/1.png", 0), ("cat/anim.gif", 0),
+                     ("dog/0.png", 1), ("dog/1.png", 1), ("dog/extra/more.png", 1)]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"warning: {train}: did not follow 2 symlinked folder(s) that lead back into folders already read (a loop "
+        f"would repeat and mislabel images): cat/dogs -> {train / 'dog'}; cat/up -> {train}",
+        f"warning: {train}: ignored 3 file(s) of types the image loader does not read (.txt x1, .xyz x1, "
+        f"broken link x1) and 2 hidden entries (.ipynb_checkpoints, cat/.DS_Store)",
+    ]
+
+
+def test_a_class_left_empty_by_skip_bad_images_is_an_error(tmp_path):
+    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
+    for image in (tmp_path / "train" / "dog").iterdir():
+        image.write_bytes(b"\x89PNG\r\n\x1a\n cut")
+    with pytest.raises(ValueError, match=r"class folder\(s\) dog of \S+train has no readable image left after "
+                                         r"--skip-bad-images left out its unreadable ones"):
+        build_datasets("imagefolder", str(tmp_path), val_split=2, skip_bad_images=True)
+
+
+def test_differing_class_folders_are_named(tmp_path):
+    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog", "owl"))
+    _image_tree(tmp_path, splits=("val",), classes=("cat", "cow", "dog"))
+    with pytest.raises(ValueError, match=r"the class folders of \S+val differ from those of \S+train \(missing: owl; "
+                                         r"extra: cow\)"):
+        build_datasets("imagefolder", str(tmp_path))
+
+
 # ---------------------------------------------------------------- transforms
 @pytest.mark.parametrize("level", sorted(AUGMENTATIONS))
 def test_every_level_gives_normalised_tensors(level):

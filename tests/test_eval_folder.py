@@ -75,3 +75,35 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     assert not progress_bar(True, total=3).disable
     assert progress_bar(False, total=3).disable
+
+
+def test_a_run_stores_its_data_folder_resolved_and_eval_says_which_it_reads(tmp_path, monkeypatch, capsys,
+                                                                             tiny_config):
+    import yaml
+
+    from ssog.train import train
+
+    project = tmp_path / "project"
+    _class_folders(project / "data" / "train", per_class=4)
+    monkeypatch.chdir(project)
+    train(tiny_config("runs/a", dataset="imagefolder", data_dir="data", val_split=2, batch_size=4, epochs=1))
+    config = yaml.safe_load((project / "runs" / "a" / "config.yaml").read_text())
+    assert config["data_dir"] == str(project / "data")
+
+    elsewhere = tmp_path / "elsewhere"
+    _class_folders(elsewhere / "data" / "train", classes=("cat", "dog"), per_class=9)  # same name, other images
+    monkeypatch.chdir(elsewhere)
+    assert main(["eval", "--checkpoint", str(project / "runs" / "a"), "--device", "cpu"]) == 0
+    assert f"on imagefolder val from {project / 'data'} (2 images" in capsys.readouterr().out
+
+
+def test_an_older_runs_relative_data_folder_is_read_where_that_run_started(tmp_path, monkeypatch, imagefolder_run):
+    from ssog.train import load_checkpoint
+
+    state = load_checkpoint(imagefolder_run)
+    state["config"].update(data_dir="data", output="run")  # written from tmp_path before paths were stored resolved
+    save_checkpoint(imagefolder_run, state)
+    _class_folders(tmp_path / "cwd" / "data" / "train", per_class=30)
+    monkeypatch.chdir(tmp_path / "cwd")
+    result = evaluate_checkpoint(imagefolder_run, progress=False, device="cpu")
+    assert (result["data_dir"], result["samples"]) == (str(tmp_path / "data"), 2)

@@ -270,8 +270,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     """``image`` as 8-bit RGB, by what its mode means (PIL's own ``convert("RGB")`` clips
     16-bit and float pixels to 0..255, so a 16-bit PNG turns white and a float TIFF black):
 
-    * 16- and 32-bit integer grey (``I;16``, ``I``): scaled by the file's bit depth,
-      ``v * 255 / (2**bits - 1)`` (65535 -> 255); negative values are an error;
+    * 16- and 32-bit integer grey (``I;16``, ``I``): scaled by the largest value of the file's
+      format, ``v * 255 / (2**bits - 1)`` (65535 -> 255; signed TIFF: ``2**(bits - 1) - 1``);
+      negative values are an error;
     * 32-bit float grey (``F``): values in [0, 1] times 255, values in [0, 255] as they are,
       anything else (negative, above 255, NaN) an error;
     * alpha (``RGBA``, ``LA``, ``PA``, a palette with a transparent colour) is dropped, as
@@ -283,7 +284,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
         values = np.asarray(image, dtype=np.float64)
         if values.size and values.min() < 0:
             raise ValueError(f"a {mode} image with negative values ({values.min():g}) has no 8-bit meaning")
-        return _grey_rgb(values * (255.0 / (2 ** _integer_bits(image, values) - 1)))
+        return _grey_rgb(values * (255.0 / _integer_peak(image, values)))
     if mode == "F":
         values = np.asarray(image, dtype=np.float64)
         low, high = (values.min(), values.max()) if values.size else (0.0, 0.0)
@@ -296,16 +297,20 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def _integer_bits(image: Image.Image, values: np.ndarray) -> int:
-    """Bits per sample of an integer grey image: 16 for ``I;16*`` and PNG, a TIFF's
-    BitsPerSample, else 16 when every value fits (PGM, ...) and 32 otherwise."""
+def _integer_peak(image: Image.Image, values: np.ndarray) -> int:
+    """The largest value of an integer grey image's format: 65535 for ``I;16*`` and PNG, by a
+    TIFF's BitsPerSample and SampleFormat (signed: ``2**(bits - 1) - 1``), else 65535 when every
+    value fits (PGM, ...) and ``2**32 - 1`` otherwise."""
     if image.mode.startswith("I;16") or image.format == "PNG":
-        return 16
+        return 2**16 - 1
     tags = getattr(image, "tag_v2", None)
     bits = tags.get(258) if tags is not None else None  # TIFF BitsPerSample
     if bits:
-        return int(bits[0] if isinstance(bits, tuple) else bits)
-    return 16 if not values.size or values.max() <= 65535 else 32
+        bits = int(bits[0] if isinstance(bits, tuple) else bits)
+        sample_format = tags.get(339, 1)  # 1 unsigned, 2 signed
+        signed = (sample_format[0] if isinstance(sample_format, tuple) else sample_format) == 2
+        return 2 ** (bits - 1) - 1 if signed else 2**bits - 1
+    return 2**16 - 1 if not values.size or values.max() <= 2**16 - 1 else 2**32 - 1
 
 
 def _grey_rgb(levels: np.ndarray) -> Image.Image:
