@@ -326,6 +326,18 @@ def test_a_full_disk_stops_in_one_line_and_the_run_resumes(tmp_path, monkeypatch
     assert _history_epochs(run) == [1]
     assert not [p for p in run.iterdir() if "ssog-tmp" in p.name]
     monkeypatch.undo()
+
+    from ssog import files
+
+    def full(path, mode="r", *rest, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "open", full, raising=False)  # still full when resuming
+    assert main(["train", "--resume", str(run)]) == 2
+    assert _error_line(capsys) == f"ssog train: error: disk full (ENOSPC) writing {run}/config.yaml; the previous " \
+                                  "file is kept"
+    assert not (run / ".ssog-run.lock").exists()
+    monkeypatch.undo()
     assert main(["train", "--resume", str(run)]) == 0
     assert _history_epochs(run) == [1, 2]
 
