@@ -262,15 +262,20 @@ def test_a_users_recipe_in_the_output_folder_is_never_replaced(tmp_path, monkeyp
 
 
 def test_another_runs_files_are_refused_unless_overwrite_which_replaces_only_those(tmp_path, capsys, tiny_config):
+    import yaml
+
+    from ssog.train import TrainConfig
+
     run = tmp_path / "run"
     run.mkdir()
-    earlier = {"summary.json": "{}", "log.jsonl": "{}\n", "curves.png": "png"}  # a run that kept no checkpoint
+    older_config = yaml.safe_dump(TrainConfig(output=str(run)).to_dict())  # as runs wrote it before its header
+    earlier = {"summary.json": "{}", "log.jsonl": "{}\n", "curves.png": "png", "config.yaml": older_config}
     users = {"notes.txt": "mine", "model.tmp": "mine too", ".cache.tmp": "and this"}
     for name, text in {**earlier, **users}.items():
         (run / name).write_text(text)
     assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
-    assert (f"{run} already holds a run (log.jsonl, curves.png, summary.json): choose another --output, or pass "
-            "--overwrite to replace that run's files") in _error_line(capsys)
+    assert (f"{run} already holds a run (config.yaml, log.jsonl, curves.png, summary.json): choose another --output, "
+            "or pass --overwrite to replace that run's files") in _error_line(capsys)
     assert all((run / name).read_text() == text for name, text in earlier.items())
 
     (run / "tensorboard").mkdir()
