@@ -36,8 +36,15 @@ _CHECK_THREADS = 16
 
 IMAGEFOLDER_LAYOUT = (
     "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
-    "(or only DIR/train with val_split set)"
+    "(or DIR/validation/..., timm's name; or only DIR/train with val_split set)"
 )
+#: Names of an ImageFolder tree's validation folder, in the order they are looked for.
+VAL_FOLDERS = ("val", "validation")
+
+
+def _val_folder(base: Path) -> Path | None:
+    """``base/val``, else ``base/validation`` (timm's split name), if either is a folder."""
+    return next((base / name for name in VAL_FOLDERS if (base / name).is_dir()), None)
 
 
 @dataclass(frozen=True)
@@ -265,17 +272,17 @@ def _imagefolder(root: str | None, val_split: float | int | None, seed: int,
                          f"classification needs at least 2 classes; expected {IMAGEFOLDER_LAYOUT}")
     if val_split is not None:
         train_set, val_set = _split(train, train.targets, val_split, seed)
-    elif (base / "val").is_dir():
-        train_set, val_set = train, _image_folder(base / "val", skip_bad_images)
+    elif (val_dir := _val_folder(base)) is not None:
+        train_set, val_set = train, _image_folder(val_dir, skip_bad_images)
         if val_set.classes != train.classes:
             raise ValueError(
-                f"class folders of {base / 'val'} ({len(val_set.classes)}) differ from those of "
+                f"class folders of {val_dir} ({len(val_set.classes)}) differ from those of "
                 f"{base / 'train'} ({len(train.classes)}); both splits need the same class folders"
             )
     else:
         found = sorted(p.name for p in base.iterdir() if p.is_dir())
         raise ValueError(
-            f"{base} has no 'val' folder (found folders: {found}) and val_split is not set; "
+            f"{base} has no 'val' folder nor a 'validation' folder (found folders: {found}) and val_split is not set; "
             f"expected {IMAGEFOLDER_LAYOUT}"
         )
     return train_set, val_set, _imagefolder_info(train.classes)
@@ -296,8 +303,9 @@ def evaluation_folder(
         raise FileNotFoundError(
             f"data folder {base} does not exist; expected DIR/<class>/<image> or DIR/{split}/<class>/<image>"
         )
-    folder = base / split if (base / split).is_dir() else base
-    if folder == base and {"train", "val"} & {p.name for p in base.iterdir() if p.is_dir()}:
+    named = _val_folder(base) if split == "val" else base / split
+    folder = named if named is not None and named.is_dir() else base
+    if folder == base and {"train", *VAL_FOLDERS} & {p.name for p in base.iterdir() if p.is_dir()}:
         raise ValueError(
             f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)"
         )
@@ -310,14 +318,21 @@ def build_datasets(
     data_dir: str | None = None,
     *,
     download: bool = False,
-    val_split: float | int | None = None,
+    val_split: float | int | str | None = None,
     split_seed: int = 0,
     synthetic_size: int = 256,
     synthetic_classes: int = 10,
     synthetic_img_size: int = 32,
     skip_bad_images: bool = False,
+    train_split: str = "train",
+    seed: int = 0,
+    num_classes: int | None = None,
+    dataset_kwargs: dict | None = None,
 ) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """The (train, val, info) of data source ``name`` (one of :data:`DATASETS`).
+    """The (train, val, info) of data source ``name``: one of :data:`DATASETS`, or a
+    ``timm.data.create_dataset`` name (``hfds/``, ``hfids/``, ``wds/``, ``tfds/``, ``torch/``:
+    :func:`ssog.data.timm_sources.timm_datasets`, which also takes ``train_split``, ``seed``,
+    ``num_classes`` and ``dataset_kwargs``, and a ``val_split`` that names a split).
 
     ``val_split`` (a fraction or a count) splits the validation set off the training set,
     stratified and seeded by ``split_seed``; ``None`` uses the source's own validation split
@@ -326,6 +341,17 @@ def build_datasets(
     ImageFolder files are checked before use (:func:`unreadable_images`): an unreadable one is
     an error naming it, or with ``skip_bad_images`` a warning naming it, and it is left out.
     """
+    from ssog.data.timm_sources import is_timm_source, timm_datasets
+
+    if is_timm_source(name):
+        return timm_datasets(name, data_dir, train_split=train_split, val_split=val_split, split_seed=split_seed,
+                             download=download, seed=seed, num_classes=num_classes, options=dataset_kwargs)
+    timm_only = (("val_split", isinstance(val_split, str), False), ("train_split", train_split, "train"),
+                 ("dataset_kwargs", dataset_kwargs or {}, {}))
+    for setting, value, default in timm_only:
+        if value != default:
+            raise ValueError(f"{setting} {'names a split' if setting == 'val_split' else 'is set'}, which only "
+                             f"timm's sources (hfds/, hfids/, wds/, tfds/, torch/) take; dataset {name!r} does not")
     if name == "digits":
         return _digits(val_split, split_seed)
     if name in ("cifar10", "cifar100"):
@@ -334,4 +360,5 @@ def build_datasets(
         return _imagefolder(data_dir, val_split, split_seed, skip_bad_images)
     if name == "synthetic":
         return _synthetic(synthetic_size, synthetic_classes, synthetic_img_size, split_seed)
-    raise ValueError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")
+    raise ValueError(f"unknown dataset {name!r}; expected one of {list(DATASETS)} or a timm data source "
+                     "(hfds/NAME, hfids/NAME, wds/NAME, tfds/NAME, torch/NAME)")

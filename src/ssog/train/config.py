@@ -21,6 +21,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from ssog.data.data_config import INTERPOLATIONS
+
 __all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
 
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
@@ -47,13 +49,28 @@ class TrainConfig:
     dataset: str = "digits"
     data_dir: str | None = None
     download: bool = False
-    img_size: int | None = None  # None: the data set's native size
-    val_split: float | int | None = None  # None: the data set's own validation split
+    # The data config (docs/training.md, "One data config"): each of these left null comes from
+    # the model's pretrained_cfg (timm's resolve_data_config), e.g. 32 px and CIFAR statistics
+    # for the *_tiny_patch4_32 presets, 224 px and ImageNet statistics for the paper's sizes.
+    img_size: int | None = None  # input side in pixels
+    mean: list[float] | None = None  # per-channel normalisation (one value or one per channel)
+    std: list[float] | None = None
+    crop_pct: float | None = None  # evaluation centre-crop fraction
+    interpolation: str | None = None  # resize filter: bicubic | bilinear | nearest | ...
+    # A fraction or count split off the training set, or the name of the source's validation
+    # split for timm's sources (null: the source's own: CIFAR's test set, ImageFolder's val/
+    # or validation/ folder, a timm source's "validation" split)
+    val_split: float | int | str | None = None
+    train_split: str = "train"  # the training split's name (timm's sources)
+    num_classes: int | None = None  # classifier outputs where the source does not tell them (null: the data's)
+    # options of a timm source: timm.data.create_dataset's keyword arguments for hfds/ and torch/
+    # (class_map, input_key, target_key, ...); input_key, target_key, num_samples and shuffle_size
+    # for the wds/ and hfids/ streams (docs/training.md)
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     split_seed: int = 0
     # train on a seeded, stratified subset of this many training images (the validation split is
     # untouched; seeded by split_seed): the small-data regime where a spatial prior should pay
     train_subset: int | None = None
-    crop_pct: float | None = None  # evaluation centre-crop fraction (None: the data set's)
     synthetic_size: int = 256
     synthetic_classes: int = 10
     augment: str = "none"  # strong | moderate | weak | none (Table 15)
@@ -99,6 +116,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model_kwargs is None:  # `model_kwargs:` left empty in a recipe
             self.model_kwargs = {}
+        if self.dataset_kwargs is None:
+            self.dataset_kwargs = {}
         self.validate()
 
     def validate(self) -> None:
@@ -113,6 +132,12 @@ class TrainConfig:
             (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
             (self.split_seed >= 0, f"split_seed must be >= 0, got {self.split_seed}"),
             (self.crop_pct is None or 0 < self.crop_pct <= 1, "crop_pct must be in (0, 1] or null"),
+            (self.mean is None or (len(self.mean) >= 1 and all(map(math.isfinite, self.mean))),
+             f"mean must be a list of finite numbers or null, got {self.mean}"),
+            (self.std is None or (len(self.std) >= 1 and all(math.isfinite(v) and v > 0 for v in self.std)),
+             f"std must be a list of numbers > 0 or null, got {self.std}"),
+            (self.interpolation is None or self.interpolation in INTERPOLATIONS,
+             f"interpolation must be one of {', '.join(INTERPOLATIONS)} or null, got {self.interpolation!r}"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset must be >= 1 or null"),
             (self.lr > 0, "lr must be > 0"),
@@ -132,6 +157,8 @@ class TrainConfig:
             (0 <= self.drop_path < 1, "drop_path must be in [0, 1)"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (isinstance(self.model_kwargs, dict), "model_kwargs must be a mapping"),
+            (isinstance(self.dataset_kwargs, dict), "dataset_kwargs must be a mapping"),
+            (self.num_classes is None or self.num_classes >= 2, "num_classes must be >= 2 or null"),
             (self.data_dir is None or self.dataset not in _BUILT_IN_DATA,
              f"data_dir is set but dataset {self.dataset!r} reads no files; choose dataset imagefolder, "
              "cifar10 or cifar100 (or give data_dir without a dataset to infer it)"),
@@ -173,15 +200,18 @@ def _matches(value: Any, hint: Any) -> bool:
     """Whether a YAML value fits a field's type hint (ints are accepted for floats)."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for option in options:
-        option = typing.get_origin(option) or option
-        if option is type(None) and value is None:
+        kind = typing.get_origin(option) or option
+        if kind is type(None) and value is None:
             return True
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return True
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
             return True
-        if option in (bool, str, dict) and isinstance(value, option):
+        if kind in (bool, str, dict) and isinstance(value, kind):
             return True
+        if kind is list and isinstance(value, list):
+            item = (typing.get_args(option) or (Any,))[0]
+            return item is Any or all(_matches(v, item) for v in value)
     return False
 
 

@@ -39,10 +39,12 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from ssog.data import get_augmentation
-from ssog.train.builders import TIMM_INIT_PREFIX, build_data, build_model
+from ssog.data.custom import CUSTOM_DATASET
+from ssog.train.builders import TIMM_INIT_PREFIX, apply_data_config, build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
@@ -113,10 +115,11 @@ def torch_settings(cfg: TrainConfig, ctx: DistContext):
 class Trainer:
     """One training run in this process (rank ``ctx.rank`` of ``ctx.world_size``)."""
 
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, output: Path, resume_state: dict[str, Any] | None = None):
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, output: Path, resume_state: dict[str, Any] | None = None,
+                 datasets: tuple[Dataset, Dataset] | None = None):
         self.cfg, self.ctx, self.output = cfg, ctx, output
         self.main = ctx.is_main
-        self.data = build_data(cfg, ctx)
+        self.data = build_data(cfg, ctx, datasets)
         self.steps_per_epoch = len(self.data.train_loader)
         info = self.data.info
 
@@ -125,6 +128,7 @@ class Trainer:
                                  load_timm_weights=resume_state is None)
         if cfg.init_from and not cfg.init_from.startswith(TIMM_INIT_PREFIX) and resume_state is None:
             init_from_checkpoint(self.model, cfg.init_from, cfg.init_keep_head, log=self.log)
+        apply_data_config(self.model, self.data.data_config, info.classes)
         if cfg.linear_probe:
             trainable = freeze_backbone(self.model)
             self.log(f"linear probe: {trainable:,} trainable parameters (classifier only)")
@@ -194,6 +198,13 @@ class Trainer:
         if self.ctx.distributed:
             rng = [None] * self.ctx.world_size
             dist.all_gather_object(rng, _rng_state())
+        progress = {
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "loss_sum": self.loss_sum, "loss_count": self.loss_count, "epoch_time": self.epoch_time,
+            "grad_norm": self.grad_norms.state_dict(),
+        }
+        if self.data.stream is not None:
+            progress["stream"] = self._stream_state()
         return {
             "kind": "last",
             "config": self.cfg.to_dict(),
@@ -205,14 +216,20 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "rng": rng,
             "world_size": self.ctx.world_size,
-            "progress": {
-                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "epoch_time": self.epoch_time,
-                "grad_norm": self.grad_norms.state_dict(),
-            },
+            "data_config": self.data.data_config,
+            "progress": progress,
             "history": self.history,
             "best": self.best,
         }
+
+    def _stream_state(self) -> dict[str, Any]:
+        """Every reader's shard position in the epoch (each process knows its own readers)."""
+        parts = [self.data.stream.state_dict()]
+        if self.ctx.distributed:
+            parts = [None] * self.ctx.world_size
+            dist.all_gather_object(parts, self.data.stream.state_dict())
+        return {"readers": parts[0]["readers"],
+                "finished": {reader: done for part in parts for reader, done in part["finished"].items()}}
 
     def save_last(self) -> None:
         """Write ``last.safetensors``, unless the weights are no longer finite (then raise
@@ -278,7 +295,7 @@ class Trainer:
         self._check_finite_weights()
         save_checkpoint(self.output / "best.safetensors", {
             "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
-            "model": self.model.state_dict(),
+            "data_config": self.data.data_config, "model": self.model.state_dict(),
             "ema": self.ema.module.state_dict() if self.ema else None,
             "progress": {"epoch": self.epoch, "global_step": self.global_step}, "metrics": metrics,
         })
@@ -307,6 +324,11 @@ class Trainer:
         if self.step_in_epoch > self.steps_per_epoch:
             raise ValueError(f"checkpoint is at step {self.step_in_epoch} of an epoch that has only "
                              f"{self.steps_per_epoch} steps: the data or batch size changed")
+        stream = self.data.stream
+        if stream is not None and self.step_in_epoch and not stream.load_state_dict(progress.get("stream") or {}):
+            self.log(f"note: the stream of {self.cfg.dataset} cannot continue inside epoch {self.epoch + 1} "
+                     "(another number of processes x loader workers, or a source that restarts its epochs): "
+                     "the epoch's remaining steps read its stream from the start")
         if schedule_changed:  # the new schedule's learning rate at the step reached
             self.scheduler.step_update(num_updates=self.global_step)
         if state["world_size"] == self.ctx.world_size:
@@ -345,8 +367,7 @@ class Trainer:
 
     def _train_epoch(self) -> None:
         loader, cfg = self.data.train_loader, self.cfg
-        local_batch = cfg.batch_size // self.ctx.world_size
-        loader.sampler.set_epoch(self.epoch, start=self.step_in_epoch * local_batch)
+        self.data.start_epoch(self.epoch, self.step_in_epoch)
         self.net.train()
         bar = progress_bar(self.main and cfg.progress, total=self.steps_per_epoch, initial=self.step_in_epoch,
                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}")
@@ -514,9 +535,35 @@ def _apply_resume_changes(cfg: TrainConfig, changes: Mapping[str, Any], epochs_d
     return notes
 
 
+def _given_datasets(cfg: TrainConfig, train_dataset: Dataset | None, val_dataset: Dataset | None,
+                    resuming: bool) -> tuple[Dataset, Dataset] | None:
+    """``(train_dataset, val_dataset)`` if given (both or neither), with ``cfg.dataset`` set to
+    ``custom``; a custom run resumed without them is an error."""
+    if (train_dataset is None) != (val_dataset is None):
+        raise ValueError("give both train_dataset and val_dataset, or neither")
+    if train_dataset is None:
+        if cfg.dataset == CUSTOM_DATASET:
+            raise ValueError("this run trained on datasets given in Python: pass them again, "
+                             "train(resume=DIR, train_dataset=..., val_dataset=...)" if resuming else
+                             f"dataset {CUSTOM_DATASET!r} needs train_dataset and val_dataset")
+        return None
+    if resuming and cfg.dataset != CUSTOM_DATASET:
+        raise ValueError(f"this run trained on dataset {cfg.dataset!r}; resume it without train_dataset/val_dataset")
+    if cfg.data_dir is not None:
+        raise ValueError("data_dir is set but the datasets are given in Python; leave data_dir unset")
+    cfg.dataset = CUSTOM_DATASET
+    return train_dataset, val_dataset
+
+
 def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
-          resume_changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          resume_changes: Mapping[str, Any] | None = None, train_dataset: Dataset | None = None,
+          val_dataset: Dataset | None = None) -> dict[str, Any]:
     """Train and return the summary (also written to ``<output>/summary.json``).
+
+    ``train_dataset``, ``val_dataset``: map-style datasets of ``(PIL image, class index)`` to
+    train on instead of ``cfg.dataset`` (which the run then records as ``custom``); the run's
+    augmentation and data config transform them (:func:`ssog.data.custom.custom_datasets`).
+    A run trained on them resumes with the same two datasets passed again.
 
     ``resume``: a run folder (or a checkpoint file) to continue; the configuration then
     comes from the checkpoint, and ``cfg`` must be None. ``resume_changes`` may set the fields
@@ -541,6 +588,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         cfg.output = str(path.parent)
         notes = _apply_resume_changes(cfg, resume_changes or {}, state["progress"]["epoch"])
     cfg = cfg or TrainConfig()
+    datasets = _given_datasets(cfg, train_dataset, val_dataset, resuming=state is not None)
     logging_backends(cfg.tensorboard, cfg.wandb_project)  # a missing package is a setting error
     ctx = init_distributed(cfg.device)
     try:
@@ -549,7 +597,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         if ctx.is_main:
             _check_output(output, resuming=state is not None)
         with torch_settings(cfg, ctx):
-            trainer = Trainer(cfg, ctx, output, state)
+            trainer = Trainer(cfg, ctx, output, state, datasets)
             if ctx.is_main:
                 _create_run_folder(output, cfg)
                 for note in notes:

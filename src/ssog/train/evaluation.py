@@ -60,7 +60,7 @@ def evaluate_checkpoint(
     ctx = init_distributed(cfg.device)
     # A folder given here is evaluated whole: the run's val_split belongs to the run's own data.
     folder = (data or {}).get("data_dir") if cfg.dataset == "imagefolder" else None
-    loader, info = build_eval_data(cfg, ctx, split, folder=folder)
+    loader, info, data_config = build_eval_data(cfg, ctx, split, folder=folder)
     if folder is not None:
         _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
 
@@ -87,7 +87,7 @@ def evaluate_checkpoint(
     grid = tuple(model.patch_embed.grid_size)
     return {
         **metrics, "checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split,
-        "samples": len(loader.dataset), "img_size": img_size or cfg.img_size or info.native_size,
+        "samples": len(loader.dataset), "img_size": data_config["input_size"][-1],
         "patch_size": list(model.patch_embed.patch_size), "grid": list(grid), "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema,
     }

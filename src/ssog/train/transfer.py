@@ -174,10 +174,11 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     """The trained model of an ssog checkpoint (a run folder: its ``best``), on the CPU.
 
     Built from the run's config, with the classes, channels and input size read off the
-    weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights.
+    weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights. Its
+    ``pretrained_cfg`` holds the run's data config and class names (what timm's
+    ``resolve_data_config(model=...)``, ``save_for_hf`` and the ONNX export read).
     """
-    from ssog.train.builders import build_model
-    from ssog.train.checkpoint import checkpoint_path
+    from ssog.train.builders import apply_data_config, build_model, run_data_config
     from ssog.train.config import TrainConfig
 
     path = checkpoint_path(path, "best")
@@ -194,6 +195,10 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     model = build_model(cfg, 0 if head is None else head.shape[0], proj.shape[1], grid * proj.shape[-1])
     check_state_dict(model, weights, f"checkpoint {path}")
     model.load_state_dict(weights)
+    # The data config the run trained with (older checkpoints: resolved from their config).
+    stored = load_checkpoint(path, only=("data_config", "classes"))
+    apply_data_config(model, stored.get("data_config") or run_data_config(cfg, proj.shape[1]),
+                      stored.get("classes") or ())
     return model
 
 
