@@ -271,27 +271,27 @@ class ShardStream(IterableDataset):
 
 
 class StreamLoader:
-    """Training batches of an iterable source, ``steps`` per epoch.
+    """Training batches of an iterable source, ``batches`` per epoch.
 
     For a :class:`ShardStream` it records each reader's shard position (:meth:`state_dict`),
     from which :meth:`set_epoch` resumes; timm's own iterable datasets (``tfds/``) restart
     the epoch's stream (:attr:`resumes_in_epoch` is False).
     """
 
-    def __init__(self, loader: DataLoader, steps: int, readers: int):
-        self.loader, self.dataset, self.steps, self.readers = loader, loader.dataset, steps, readers
+    def __init__(self, loader: DataLoader, batches: int, readers: int):
+        self.loader, self.dataset, self.batches, self.readers = loader, loader.dataset, batches, readers
         self.resumes_in_epoch = isinstance(self.dataset, ShardStream)
         self.start, self.finished = 0, {}
 
     def __len__(self) -> int:
-        return self.steps - self.start
+        return self.batches - self.start
 
-    def set_epoch(self, epoch: int, step: int = 0) -> None:
-        """Start epoch ``epoch`` at ``step``: from the positions of :meth:`load_state_dict`, or,
-        for a new epoch (``step`` 0), every reader at its first shard."""
-        if step == 0:
+    def set_epoch(self, epoch: int, batch: int = 0) -> None:
+        """Start epoch ``epoch`` at batch ``batch``: from the positions of :meth:`load_state_dict`,
+        or, for a new epoch (``batch`` 0), every reader at its first shard."""
+        if batch == 0:
             self.finished = {}
-        self.start = step
+        self.start = batch
         if self.resumes_in_epoch:
             self.dataset.set_epoch(epoch, self.finished)
         else:
@@ -299,7 +299,7 @@ class StreamLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = iter(self.loader)
-        for _ in range(self.steps - self.start):
+        for _ in range(self.batches - self.start):
             images, targets, *position = next(batches)
             if position:
                 reader, finished = position

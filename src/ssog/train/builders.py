@@ -39,13 +39,26 @@ class DataBundle:
     ``input_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``, ``crop_mode``), the
     training loader (a :class:`~torch.utils.data.DataLoader` over an
     :class:`~ssog.data.EpochSampler`, or a :class:`~ssog.data.timm_sources.StreamLoader` for an
-    iterable source) and the validation loader."""
+    iterable source) and the validation loader. The training loader yields micro-batches of
+    ``micro_batch`` images, ``grad_accum_steps`` of them per optimizer step; ``local_batch``
+    is this process's images per optimizer step."""
 
     info: DatasetInfo
     data_config: dict[str, Any]
     train_loader: DataLoader | StreamLoader
     val_loader: DataLoader
     local_batch: int
+    grad_accum_steps: int = 1
+
+    @property
+    def micro_batch(self) -> int:
+        return self.local_batch // self.grad_accum_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch (a last partial step's micro-batches are dropped)."""
+        batches = self.stream.batches if self.stream is not None else len(self.train_loader)
+        return batches // self.grad_accum_steps
 
     @property
     def img_size(self) -> int | tuple[int, int]:
@@ -60,7 +73,7 @@ class DataBundle:
     def start_epoch(self, epoch: int, step: int = 0) -> None:
         """Position the training loader at step ``step`` of epoch ``epoch`` (0-based)."""
         if self.stream is not None:
-            self.stream.set_epoch(epoch, step)
+            self.stream.set_epoch(epoch, step * self.grad_accum_steps)
         else:
             self.train_loader.sampler.set_epoch(epoch, start=step * self.local_batch)
 
@@ -112,8 +125,10 @@ def _datasets(cfg: TrainConfig, ctx: DistContext):
 
 
 def _local_batch(cfg: TrainConfig, ctx: DistContext) -> int:
-    if cfg.batch_size % ctx.world_size:
-        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of processes {ctx.world_size}")
+    """This process's images per optimizer step (checked to split into ``grad_accum_steps``)."""
+    if cfg.batch_size % (ctx.world_size * cfg.grad_accum_steps):
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of processes {ctx.world_size} "
+                         f"x grad_accum_steps {cfg.grad_accum_steps}")
     return cfg.batch_size // ctx.world_size
 
 
@@ -142,7 +157,7 @@ def _set_stream_transform(dataset: IterableDataset, transform, cfg: TrainConfig,
         dataset.set_loader_cfg(num_workers=cfg.num_workers)
 
 
-def _stream_loader(dataset: IterableDataset, transform, local_batch: int, cfg: TrainConfig,
+def _stream_loader(dataset: IterableDataset, transform, micro_batch: int, cfg: TrainConfig,
                    ctx: DistContext) -> StreamLoader:
     readers = stream_readers(ctx.world_size, cfg.num_workers)
     if isinstance(dataset, ShardStream):
@@ -152,9 +167,9 @@ def _stream_loader(dataset: IterableDataset, transform, local_batch: int, cfg: T
     if steps == 0:
         raise ValueError(f"the training stream ({len(dataset)} samples) is smaller than one batch "
                          f"({cfg.batch_size}); lower batch_size")
-    loader = DataLoader(dataset, batch_size=local_batch, num_workers=cfg.num_workers,
+    loader = DataLoader(dataset, batch_size=micro_batch, num_workers=cfg.num_workers,
                         pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(cfg.seed))
-    return StreamLoader(loader, steps, readers)
+    return StreamLoader(loader, steps * cfg.grad_accum_steps, readers)
 
 
 def build_data(cfg: TrainConfig, ctx: DistContext,
@@ -174,19 +189,20 @@ def build_data(cfg: TrainConfig, ctx: DistContext,
                          "classes; leave num_classes unset")
     data_config = run_data_config(cfg, info.in_chans)
     train_tf = _transform(cfg, data_config, info, train=True)
+    micro_batch = local_batch // cfg.grad_accum_steps
     if isinstance(train_base, IterableDataset):
-        train_loader = _stream_loader(train_base, train_tf, local_batch, cfg, ctx)
+        train_loader = _stream_loader(train_base, train_tf, micro_batch, cfg, ctx)
     else:
-        train_loader = build_loader(TransformedDataset(train_base, train_tf, seed=cfg.seed), local_batch, train=True,
+        train_loader = build_loader(TransformedDataset(train_base, train_tf, seed=cfg.seed), micro_batch, train=True,
                                     seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
                                     num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda")
-        if len(train_loader) == 0:
+        if len(train_loader) < cfg.grad_accum_steps:
             raise ValueError(
                 f"the training set ({len(train_base)} samples, {len(train_base) // ctx.world_size} per process) "
                 f"is smaller than one batch ({local_batch} per process); lower batch_size"
             )
-    val_loader = _eval_loader(val_base, info, data_config, local_batch, cfg, ctx)
-    return DataBundle(info, data_config, train_loader, val_loader, local_batch)
+    val_loader = _eval_loader(val_base, info, data_config, micro_batch, cfg, ctx)
+    return DataBundle(info, data_config, train_loader, val_loader, local_batch, cfg.grad_accum_steps)
 
 
 def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val",
@@ -204,7 +220,8 @@ def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val",
         if isinstance(dataset, ShardStream) and dataset.train:
             raise ValueError(f"dataset {cfg.dataset} is read as a stream: evaluate its validation split")
     data_config = run_data_config(cfg, info.in_chans)
-    return _eval_loader(dataset, info, data_config, _local_batch(cfg, ctx), cfg, ctx), info, data_config
+    batch = _local_batch(cfg, ctx) // cfg.grad_accum_steps
+    return _eval_loader(dataset, info, data_config, batch, cfg, ctx), info, data_config
 
 
 def apply_data_config(model: torch.nn.Module, data_config: dict[str, Any],

@@ -29,6 +29,13 @@ __all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "re
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
 # digits then train several times slower.
 DEFAULT_MODEL = "ssog_vit_digits_patch2_8"
+#: Schedules of timm's create_scheduler_v2.
+SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "plateau", "wsd", "rsqrt", "constant")
+# create_scheduler_v2 arguments set from fields of their own (or by the engine), never through sched_kwargs.
+_OWN_SCHEDULE_OPTIONS = {
+    "sched", "num_epochs", "decay_epochs", "decay_milestones", "decay_rate", "patience_epochs", "cooldown_epochs",
+    "min_lr", "warmup_lr", "warmup_epochs", "step_on_epochs", "updates_per_epoch", "optimizer",
+}
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
 
@@ -82,10 +89,27 @@ class TrainConfig:
     skip_bad_images: bool = False
     # optimisation
     epochs: int = 30
-    batch_size: int = 64
+    batch_size: int = 64  # images per optimizer step, over all processes and accumulated micro-batches
+    # micro-batches per optimizer step: each process holds batch_size / (processes x grad_accum_steps)
+    # images at once and the gradients of grad_accum_steps of them are summed (timm's name)
+    grad_accum_steps: int = 1
     opt: str = "adamw"
     lr: float = 5e-3
     weight_decay: float = 0.05
+    # layer-wise lr decay (timm's optimizer factory with the model's group_matcher): each group
+    # from the head down gets lr x layer_decay^depth (null: off)
+    layer_decay: float | None = None
+    # the learning-rate schedule, timm's create_scheduler_v2: cosine | tanh | step | multistep |
+    # poly | plateau | wsd | rsqrt | constant, stepped every optimizer step (plateau: every epoch,
+    # on validation Acc@1); sched_kwargs passes its other options (cycle_mul, k_decay, noise,
+    # plateau_mode, decay_fn, ...)
+    sched: str = "cosine"
+    decay_epochs: float | None = None  # step: the interval; wsd/rsqrt: the decay phase (null: timm's)
+    decay_milestones: list[float] = field(default_factory=lambda: [90, 180, 270])  # multistep
+    decay_rate: float = 0.1  # step, multistep, plateau; poly's power
+    patience_epochs: int = 10  # plateau
+    cooldown_epochs: int = 0  # at min_lr after the schedule, trained after `epochs`
+    sched_kwargs: dict[str, Any] = field(default_factory=dict)
     warmup_epochs: float = 2
     warmup_lr: float = 1e-5
     min_lr: float = 1e-5
@@ -108,6 +132,9 @@ class TrainConfig:
     threads: int | None = 1
     output: str | None = None  # None: runs/<timestamp>
     checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
+    # every this many optimizer steps: the training loss and lr to TensorBoard / W&B, and a
+    # progress line when stderr is not a terminal (0: epoch ends only)
+    log_every: int = 50
     progress: bool = True
     compile: bool = False  # train through torch.compile (the model's forward and backward)
     tensorboard: bool = False
@@ -116,8 +143,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model_kwargs is None:  # `model_kwargs:` left empty in a recipe
             self.model_kwargs = {}
-        if self.dataset_kwargs is None:
-            self.dataset_kwargs = {}
+        for name in ("dataset_kwargs", "sched_kwargs"):
+            if getattr(self, name) is None:
+                setattr(self, name, {})
         self.validate()
 
     def validate(self) -> None:
@@ -149,6 +177,17 @@ class TrainConfig:
             (self.synthetic_size >= 1 and self.synthetic_classes >= 2,
              "synthetic_size must be >= 1 and synthetic_classes >= 2"),
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: epoch ends only)"),
+            (self.log_every >= 0, "log_every must be >= 0 (0: epoch ends only)"),
+            (self.grad_accum_steps >= 1, f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}"),
+            (self.layer_decay is None or 0 < self.layer_decay <= 1, "layer_decay must be in (0, 1] or null"),
+            (self.sched in SCHEDULES, f"sched must be one of {', '.join(SCHEDULES)}, got {self.sched!r}"),
+            (self.decay_epochs is None or self.decay_epochs > 0, "decay_epochs must be > 0 or null"),
+            (self.decay_rate > 0, "decay_rate must be > 0"),
+            (self.patience_epochs >= 0 and self.cooldown_epochs >= 0,
+             "patience_epochs and cooldown_epochs must be >= 0"),
+            (isinstance(self.sched_kwargs, dict) and not set(self.sched_kwargs) & _OWN_SCHEDULE_OPTIONS,
+             f"sched_kwargs may not set {sorted(set(self.sched_kwargs or {}) & _OWN_SCHEDULE_OPTIONS)}: "
+             "they are training config fields"),
             (self.num_workers >= 0, "num_workers must be >= 0"),
             (self.threads is None or self.threads >= 1, "threads must be >= 1 or null (torch's default)"),
             (self.amp in ("none", "bf16", "fp16"), f"amp must be none, bf16 or fp16, got {self.amp!r}"),

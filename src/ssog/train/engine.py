@@ -24,7 +24,8 @@ import random
 import signal
 import threading
 import time
-from contextlib import contextmanager
+import sys
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -48,6 +49,7 @@ from ssog.train.builders import TIMM_INIT_PREFIX, apply_data_config, build_data,
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
+from ssog.train.environment import record_environment
 from ssog.train.logger import RunLogger, logging_backends, progress_bar, write_text_atomic
 from ssog.train.metrics import GradNormMeter, autocast, evaluate
 from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
@@ -112,6 +114,22 @@ def torch_settings(cfg: TrainConfig, ctx: DistContext):
         torch.backends.cudnn.benchmark = saved[2]
 
 
+def _scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int) -> tuple[Any, int]:
+    """timm's ``create_scheduler_v2`` for ``cfg.sched`` and its options, stepped every optimizer
+    step (plateau, which watches validation metrics, every epoch); with the number of epochs the
+    schedule runs (``epochs`` + ``cooldown_epochs``, or more with warmup_prefix / cycles)."""
+    per_epoch = cfg.sched == "plateau"
+    try:
+        return create_scheduler_v2(
+            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, decay_epochs=cfg.decay_epochs,
+            decay_milestones=cfg.decay_milestones, decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs,
+            cooldown_epochs=cfg.cooldown_epochs, warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
+            min_lr=cfg.min_lr, step_on_epochs=per_epoch, updates_per_epoch=steps_per_epoch, **cfg.sched_kwargs,
+        )
+    except TypeError as error:  # an option create_scheduler_v2 does not take
+        raise ValueError(f"sched_kwargs {cfg.sched_kwargs}: {error}") from None
+
+
 class Trainer:
     """One training run in this process (rank ``ctx.rank`` of ``ctx.world_size``)."""
 
@@ -120,7 +138,7 @@ class Trainer:
         self.cfg, self.ctx, self.output = cfg, ctx, output
         self.main = ctx.is_main
         self.data = build_data(cfg, ctx, datasets)
-        self.steps_per_epoch = len(self.data.train_loader)
+        self.steps_per_epoch = self.data.steps_per_epoch  # optimizer steps
         info = self.data.info
 
         _seed_all(cfg.seed)  # the same initial weights in every process
@@ -136,12 +154,9 @@ class Trainer:
         self.params = sum(p.numel() for p in self.model.parameters())
         self.grad_norms = GradNormMeter(self.model)  # the partial epoch's, like the loss sums
 
-        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.scheduler, _ = create_scheduler_v2(
-            self.optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-            warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, step_on_epochs=False,
-            updates_per_epoch=self.steps_per_epoch,
-        )
+        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                             layer_decay=cfg.layer_decay)
+        self.scheduler, self.num_epochs = _scheduler(self.optimizer, cfg, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp == "fp16")
         self.ema = ModelEmaV3(self.model, decay=cfg.ema_decay) if cfg.ema_decay else None
 
@@ -150,8 +165,9 @@ class Trainer:
         cutmix = aug.cutmix if cfg.cutmix is None else cfg.cutmix
         self.mixup = None
         if mixup > 0 or cutmix > 0:
-            if (cfg.batch_size // ctx.world_size) % 2:
-                raise ValueError("mixup/cutmix pair samples within a batch: the per-process batch size must be even")
+            if self.data.micro_batch % 2:
+                raise ValueError("mixup/cutmix pair samples within a batch: the per-process batch size must be even "
+                                 f"(batch_size / processes / grad_accum_steps = {self.data.micro_batch})")
             self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=cfg.label_smoothing,
                                num_classes=info.num_classes)
             self.criterion = SoftTargetCrossEntropy()
@@ -161,8 +177,10 @@ class Trainer:
             self.criterion = torch.nn.CrossEntropyLoss()
 
         self.net = self.model
+        #: DistributedDataParallel around the model (its no_sync skips the all-reduce of a micro-batch)
+        self.ddp: DistributedDataParallel | None = None
         if ctx.distributed:
-            self.net = DistributedDataParallel(
+            self.net = self.ddp = DistributedDataParallel(
                 self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
         if cfg.compile:
             self.net = torch.compile(self.net)
@@ -170,6 +188,10 @@ class Trainer:
         # progress: epochs completed, optimizer steps taken, and the partial epoch's loss sums
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.loss_sum, self.loss_count, self.epoch_time = 0.0, 0, 0.0
+        #: this process's training loss since the last per-step log: (sum, images, start time)
+        self.window: tuple[float, int, float] = (0.0, 0, time.perf_counter())
+        #: whether the state came from a checkpoint (W&B then resumes its run)
+        self.resumed = resume_state is not None
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] = {"acc1": -1.0, "epoch": 0}
         _seed_all(cfg.seed + ctx.rank)  # per-process randomness (mixup, drop-path)
@@ -340,51 +362,89 @@ class Trainer:
         self.log(f"resumed at epoch {self.epoch + 1}, step {self.global_step}")
 
     # ------------------------------------------------------------------ loop
-    def _train_step(self, images: torch.Tensor, targets: torch.Tensor) -> float:
+    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> float:
+        """One micro-batch: forward, and backward of its loss / ``grad_accum_steps``, adding to the
+        gradients (under DDP all-reduced only when ``sync``, the step's last micro-batch)."""
         cfg = self.cfg
         images = images.to(self.ctx.device, non_blocking=True)
         targets = targets.to(self.ctx.device, non_blocking=True)
         if self.mixup is not None:
             images, targets = self.mixup(images, targets)
-        with autocast(self.ctx.device, cfg.amp):
-            loss = self.criterion(self.net(images), targets)
-        value = loss.item()
-        if not np.isfinite(value):
-            self._diverged(f"the loss is {value}")
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        with self.ddp.no_sync() if self.ddp is not None and not sync else nullcontext():
+            with autocast(self.ctx.device, cfg.amp):
+                loss = self.criterion(self.net(images), targets)
+            value = loss.item()
+            if not np.isfinite(value):
+                self._diverged(f"the loss is {value}")
+            self.scaler.scale(loss / cfg.grad_accum_steps).backward()
+        return value
+
+    def _optimizer_step(self) -> None:
+        cfg = self.cfg
         self.scaler.unscale_(self.optimizer)  # a no-op without fp16
         self.grad_norms.update()
         if cfg.clip_grad:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step)
         self.scheduler.step_update(num_updates=self.global_step)
-        return value
+
+    def lr(self) -> float:
+        """The schedule's learning rate now (with layer_decay, the head's: the largest)."""
+        return max(group["lr"] for group in self.optimizer.param_groups)
+
+    def _log_step(self) -> None:
+        """Every ``log_every`` steps: the window's mean training loss (this process's), the lr and
+        the throughput to TensorBoard / W&B, and a line when stderr is not a terminal."""
+        cfg = self.cfg
+        if not (cfg.log_every and self.global_step % cfg.log_every == 0 and self.main):
+            return
+        loss_sum, count, start = self.window
+        elapsed = time.perf_counter() - start
+        scalars = {"train/loss": loss_sum / max(count, 1), "train/lr": self.lr(),
+                   "train/images_per_s": count * self.ctx.world_size / elapsed if elapsed > 0 else 0.0}
+        self.logger.log_step(self.global_step, scalars)
+        self.window = (0.0, 0, time.perf_counter())
+        if cfg.progress and not sys.stderr.isatty():
+            self.log(f"epoch {self.epoch + 1}/{self.num_epochs} step {self.step_in_epoch}/{self.steps_per_epoch} "
+                     f"(step {self.global_step}): loss {scalars['train/loss']:.4f}, lr {scalars['train/lr']:.3g}, "
+                     f"{scalars['train/images_per_s']:.1f} images/s")
 
     def _train_epoch(self) -> None:
         loader, cfg = self.data.train_loader, self.cfg
         self.data.start_epoch(self.epoch, self.step_in_epoch)
         self.net.train()
         bar = progress_bar(self.main and cfg.progress, total=self.steps_per_epoch, initial=self.step_in_epoch,
-                           desc=f"epoch {self.epoch + 1}/{cfg.epochs}")
+                           desc=f"epoch {self.epoch + 1}/{self.num_epochs}")
         start = time.perf_counter() - self.epoch_time
+        self.window = (0.0, 0, time.perf_counter())
+        micro = 0
         try:
             for images, targets in loader:
-                loss = self._train_step(images, targets)
+                micro += 1
+                sync = micro % cfg.grad_accum_steps == 0
+                loss = self._forward_backward(images, targets, sync)
                 self.loss_sum += loss * len(images)
                 self.loss_count += len(images)
+                self.window = (self.window[0] + loss * len(images), self.window[1] + len(images), self.window[2])
+                if not sync:
+                    continue
+                self._optimizer_step()
                 self.step_in_epoch += 1
                 bar.update()
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.lr():.2e}")
                 self.epoch_time = time.perf_counter() - start
+                self._log_step()
                 if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
                         and self.step_in_epoch < self.steps_per_epoch:
                     self.save_last()
                 self._stop_if_asked()
+                if self.step_in_epoch == self.steps_per_epoch:
+                    break  # micro-batches short of a whole step are left for the next epoch's shuffle
         except RuntimeError:
             # A terminal's Ctrl-C also reaches the loader's workers, which then exit: the
             # loader's complaint about that is the interruption, not an error.
@@ -399,7 +459,7 @@ class Trainer:
         loss_sum, loss_count = all_reduce_sum([self.loss_sum, self.loss_count], self.ctx)
         val = evaluate(self.model, self.data.val_loader, self.ctx, cfg.amp)
         record: dict[str, Any] = {
-            "epoch": self.epoch + 1, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"],
+            "epoch": self.epoch + 1, "step": self.global_step, "lr": self.lr(),
             "train_loss": loss_sum / loss_count, "val_loss": val["loss"],
             "acc1": val["acc1"], "acc3": val["acc3"], "acc5": val["acc5"],
         }
@@ -411,14 +471,17 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch, self.loss_sum, self.loss_count, self.epoch_time = 0, 0.0, 0, 0.0
         self.grad_norms.reset()
+        metric = record["acc1"] if self.cfg.sched_kwargs.get("plateau_mode", "max") == "max" else record["val_loss"]
+        self.scheduler.step(self.epoch, metric)  # schedules stepped per epoch (plateau); the others ignore it
         return record
 
     def run(self) -> dict[str, Any]:
-        """Train to ``cfg.epochs`` (from where a resumed state left off) in the existing run folder."""
+        """Train to the schedule's end (``cfg.epochs``, plus ``cooldown_epochs``; from where a
+        resumed state left off) in the existing run folder."""
         cfg = self.cfg
         if self.main:
-            self.logger = RunLogger(self.output, cfg.to_dict(), len(self.history), cfg.tensorboard,
-                                    cfg.wandb_project)
+            self.logger = RunLogger(self.output, cfg.to_dict(), cfg.tensorboard, cfg.wandb_project,
+                                    resumed_at=self.global_step if self.resumed else None)
         with self._signals_stop_at_step_boundary():
             return self._run()
 
@@ -427,9 +490,9 @@ class Trainer:
         if self.main:
             self.log(f"training {cfg.model} ({self.params:,} parameters) on {cfg.dataset} "
                      f"({len(self.data.train_loader.dataset)} train / {len(self.data.val_loader.dataset)} val, "
-                     f"{self.data.img_size}px) for {cfg.epochs} epochs, {self.steps_per_epoch} steps each, "
+                     f"{self.data.img_size}px) for {self.num_epochs} epochs, {self.steps_per_epoch} steps each, "
                      f"on {self.ctx.world_size} x {self.ctx.device.type}; output {self.output}")
-        while self.epoch < cfg.epochs:
+        while self.epoch < self.num_epochs:
             self._train_epoch()
             record = self._end_epoch()
             improved = record["acc1"] > self.best["acc1"]
@@ -437,10 +500,10 @@ class Trainer:
                 self.best = {"acc1": record["acc1"], "epoch": record["epoch"]}
             self.history.append(record)
             if self.main:
-                self.logger.log_epoch(self.history, final=self.epoch == cfg.epochs)
+                self.logger.log_epoch(self.history, final=self.epoch == self.num_epochs)
                 if improved:
                     self._save_best(record)
-                self.log(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
+                self.log(f"epoch {record['epoch']}/{self.num_epochs}: train loss {record['train_loss']:.4f}, "
                          f"val loss {record['val_loss']:.4f}, Acc@1 {record['acc1']:.2f}, "
                          f"Acc@5 {record['acc5']:.2f} ({record['epoch_time_s']:.1f}s)")
             self.save_last()
@@ -600,6 +663,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
             trainer = Trainer(cfg, ctx, output, state, datasets)
             if ctx.is_main:
                 _create_run_folder(output, cfg)
+                record_environment(output, resumed=state is not None)
                 for note in notes:
                     trainer.log(note)
             return trainer.run()
