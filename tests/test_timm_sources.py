@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from ssog.data import ArrayDataset, build_datasets
-from ssog.train import load_checkpoint, train
+from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
 from ssog.train.engine import Trainer
 
@@ -205,6 +205,9 @@ def test_python_datasets_train_and_resume_only_with_them(tmp_path, tiny_config):
         train(resume=tmp_path / "run", resume_changes={"epochs": 2})
     assert train(resume=tmp_path / "run", resume_changes={"epochs": 2}, train_dataset=train_set,
                  val_dataset=val_set)["steps"] == 4
+    with pytest.raises(ValueError, match="trained on datasets given in Python; name a data source"):
+        evaluate_checkpoint(tmp_path / "run", progress=False)
+    assert evaluate_checkpoint(tmp_path / "run", data={"dataset": "synthetic"}, progress=False)["samples"] == 16
     with pytest.raises(ValueError, match="give it without its transform"):
         train(tiny_config(tmp_path / "b"), train_dataset=[(torch.zeros(3, 8, 8), 0)] * 16, val_dataset=val_set)
     with pytest.raises(ValueError, match="give both train_dataset and val_dataset"):

@@ -15,7 +15,7 @@ from ssog.data import (
     DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
     training_subset,
 )
-from ssog.data.custom import custom_datasets
+from ssog.data.custom import CUSTOM_DATASET, custom_datasets
 from ssog.data.data_config import resolve_data_config
 from ssog.data.timm_sources import ShardStream, StreamLoader, stream_readers
 from ssog.train.config import TrainConfig
@@ -103,6 +103,10 @@ def run_data_config(cfg: TrainConfig, in_chans: int) -> dict[str, Any]:
 
 
 def _datasets(cfg: TrainConfig, ctx: DistContext):
+    if cfg.dataset == CUSTOM_DATASET:
+        raise ValueError(f"dataset {CUSTOM_DATASET!r}: the run trained on datasets given in Python; name a data "
+                         "source (--dataset, --data-dir) to evaluate it, or pass the datasets again to train()")
+
     def make():
         train, val, info = build_datasets(
             cfg.dataset, cfg.data_dir, download=cfg.download, val_split=cfg.val_split,
