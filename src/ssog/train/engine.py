@@ -593,8 +593,9 @@ def _apply_resume_changes(cfg: TrainConfig, changes: Mapping[str, Any], epochs_d
                          "no longer bit-identical to an uninterrupted one")
         setattr(cfg, key, value)
     cfg.validate()
-    if cfg.epochs < epochs_done:
-        raise ValueError(f"epochs={cfg.epochs} is fewer than the {epochs_done} epochs this run has done")
+    if cfg.epochs + cfg.cooldown_epochs < epochs_done:
+        cooldown = f" + cooldown_epochs={cfg.cooldown_epochs}" if cfg.cooldown_epochs else ""
+        raise ValueError(f"epochs={cfg.epochs}{cooldown} is fewer than the {epochs_done} epochs this run has done")
     return notes
 
 
