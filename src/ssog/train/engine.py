@@ -1,4 +1,5 @@
-"""The training loop: AdamW + warmup/cosine, mixup, EMA, AMP, DDP, exact resume.
+"""The training loop: timm's optimizers (layer-wise lr decay) and schedules, gradient
+accumulation, mixup, EMA, AMP, DDP, exact resume.
 
 Run folder (``cfg.output``): ``config.yaml``, ``last.safetensors`` (full state, rewritten at
 every epoch end and every ``checkpoint_every`` steps), ``best.safetensors`` (weights of the
@@ -22,9 +23,9 @@ import json
 import os
 import random
 import signal
+import sys
 import threading
 import time
-import sys
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
