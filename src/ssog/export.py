@@ -8,6 +8,7 @@ size and compares it with the eager model, so a file it reports is one that work
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ def export_onnx(
 
     ``input_size`` is ``(C, H, W)``; the batch dimension is dynamic. Raises ``RuntimeError``
     (with the largest difference) when onnxruntime's output differs from eager by more than
-    ``atol``, ``ImportError`` naming the missing packages. Returns the check's summary.
+    ``atol``, ``ImportError`` naming the missing packages. The model's data config (input size,
+    mean/std, crop_pct, interpolation) goes into the file's metadata. Returns the check's summary.
     """
     missing = missing_export_packages()
     if missing:
@@ -60,9 +62,30 @@ def export_onnx(
         for module, backend in pinned:
             module.backend = backend
     program.save(str(path))
+    metadata = _write_data_config(path, model, input_size)
     # Another batch size than the traced one: the batch dimension must really be dynamic.
     check = torch.randn(batch_size + 1, *input_size, generator=generator)
-    return {"path": str(path), "input_size": list(input_size), **verify_onnx(model, path, check, atol=atol)}
+    return {"path": str(path), "input_size": list(input_size), "metadata": metadata,
+            **verify_onnx(model, path, check, atol=atol)}
+
+
+def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int, int]) -> dict[str, str]:
+    """Store the model's data config (``pretrained_cfg``: input size, mean/std, crop_pct,
+    interpolation; class names where known) in the ONNX file's ``metadata_props``, each value as
+    JSON, so that a runtime can preprocess images as the model was trained. Returns them."""
+    import onnx
+
+    from .data.data_config import model_data_config
+
+    values: dict[str, Any] = dict(model_data_config(model, input_size))
+    labels = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    if labels:
+        values["label_names"] = list(labels)
+    metadata = {key: json.dumps(list(value) if isinstance(value, tuple) else value) for key, value in values.items()}
+    proto = onnx.load(str(path))
+    onnx.helper.set_model_props(proto, metadata)
+    onnx.save(proto, str(path))
+    return metadata
 
 
 def _pin_auto_backends(model: nn.Module) -> list[tuple[nn.Module, str]]:

@@ -135,6 +135,7 @@ def image_batches(
         return
 
     from ..data import DATASETS, TransformedDataset, build_datasets, build_loader, build_transform
+    from ..data.data_config import model_data_config
 
     if data not in DATASETS:
         raise ValueError(f"unknown data {data!r}; expected {NOISE!r} or one of {', '.join(DATASETS)}")
@@ -149,7 +150,9 @@ def image_batches(
         raise ValueError(
             f"{loaded.name} takes {in_chans}-channel images but data {data!r} has {info.in_chans} channels"
         )
-    transform = build_transform("none", img_size[0], info.mean, info.std, train=False, crop_pct=info.crop_pct)
+    data_config = model_data_config(model, (in_chans, *img_size))  # the run's, recorded in the model
+    transform = build_transform("none", img_size, data_config["mean"], data_config["std"], train=False,
+                                crop_pct=data_config["crop_pct"], interpolation=data_config["interpolation"])
     subset = torch.utils.data.Subset(TransformedDataset(val, transform), range(min(num_images, len(val))))
     for images, _ in build_loader(subset, batch_size, train=False):
         yield images.to(device)

@@ -20,9 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a registered model name (random weights), e.g. ssog_vit_tiny_patch4_32")
     source.add_argument("--checkpoint", help="a run folder (its best) or a .safetensors checkpoint")
-    parser.add_argument("--output", required=True, help="the .onnx file to write (an existing one is refused "
-                                                        "unless --overwrite)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    parser.add_argument("--output", required=True, help="the .onnx file to write, an existing one refused unless "
+                                                        "--overwrite (--format hf: a new folder)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing .onnx --output file")
+    parser.add_argument("--format", choices=("onnx", "hf"), default="onnx",
+                        help="onnx (default), or hf: timm's Hugging Face layout (config.json with the data config, "
+                             "model.safetensors) through timm.models.save_for_hf, which "
+                             "timm.create_model('local-dir:DIR', pretrained=True) loads")
     parser.add_argument("--num-classes", type=int, help="classifier outputs of --model (default: the preset's)")
     parser.add_argument("--batch-size", type=int, default=2, help="batch size traced (the batch is dynamic)")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest accepted |onnxruntime - PyTorch|")
@@ -31,10 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_num_classes(args.num_classes)
+    if args.format == "hf":
+        return _run_hf(args)
     from ssog.export import export_onnx, missing_export_packages
     from ssog.files import refuse_existing
 
-    check_num_classes(args.num_classes)
     if not args.overwrite:
         refuse_existing([args.output], "--output")
     missing = missing_export_packages()
@@ -59,4 +65,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"exported {name} to {result['path']} (input (batch, {', '.join(map(str, input_size))}), "
               f"dynamic batch); onnxruntime on batch {result['verified_batch_size']} matches PyTorch "
               f"(max |diff| {result['max_abs_diff']:.2e} <= {args.atol:g})")
+    return 0
+
+
+def _run_hf(args: argparse.Namespace) -> int:
+    from ssog.train.transfer import save_for_hf, save_run_for_hf
+
+    if args.model:
+        from ssog.models import create_model
+
+        kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
+        directory = save_for_hf(create_model(args.model, **kwargs), args.output)
+    else:
+        directory = save_run_for_hf(args.checkpoint, args.output)
+    files = ", ".join(sorted(p.name for p in directory.iterdir()))
+    if args.json:
+        print(json.dumps({"source": args.model or args.checkpoint, "path": str(directory), "format": "hf"}, indent=2))
+    else:
+        print(f"exported {args.model or args.checkpoint} to {directory} ({files}); load it with "
+              f"timm.create_model('local-dir:{directory}', pretrained=True)")
     return 0

@@ -4,14 +4,32 @@ from __future__ import annotations
 import argparse
 import sys
 
+
+def _number(text: str) -> float | int:
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def _split(text: str) -> float | int | str:
+    """A fraction or count, or a split's name."""
+    try:
+        return _number(text)
+    except ValueError:
+        return text
+
+
 # (option, config field, type (None: int or float), help); each overrides the recipe when given
 _OPTIONS: list[tuple[str, str, type | None, str]] = [
     ("--model", "model", str, "timm model name (default: the digits preset)"),
-    ("--dataset", "dataset", str, "digits | cifar10 | cifar100 | imagefolder | synthetic"),
-    ("--data-dir", "data_dir", str, "data folder (CIFAR root or ImageFolder root with train/ and val/)"),
-    ("--val-split", "val_split", None, "split this fraction (<1) or count off the training set for validation"),
+    ("--dataset", "dataset", str, "digits | cifar10 | cifar100 | imagefolder | synthetic, or a timm data source: "
+                                  "hfds/NAME, hfids/NAME, wds/NAME, tfds/NAME, torch/NAME"),
+    ("--data-dir", "data_dir", str, "data folder (CIFAR root, ImageFolder root with train/ and val/ or validation/, "
+                                    "WebDataset shard folder, Hugging Face cache folder)"),
+    ("--val-split", "val_split", _split, "split this fraction (<1) or count off the training set for validation, or "
+                                         "name the validation split of a timm source (default: validation)"),
     ("--train-subset", "train_subset", int, "train on a seeded, stratified subset of N training images"),
-    ("--img-size", "img_size", int, "input size in pixels (default: the data's native size)"),
+    ("--img-size", "img_size", int, "input size in pixels (default: the model's pretrained_cfg, e.g. 32 for "
+                                    "*_tiny_patch4_32, 224 for *_patch16_224; so are mean, std, crop_pct, "
+                                    "interpolation, each settable with --set)"),
     ("--augment", "augment", str, "augmentation level: strong | moderate | weak | none (Table 15)"),
     ("--epochs", "epochs", int, "training epochs"),
     ("--batch-size", "batch_size", int, "global batch size (split over processes)"),
@@ -43,10 +61,6 @@ _FLAGS: list[tuple[str, str, str]] = [
     ("--overwrite", "overwrite", "replace the files of an earlier run in --output (only those: config.yaml, "
                                  "checkpoints, logs, curves, summary)"),
 ]
-
-
-def _number(text: str) -> float | int:
-    return float(text) if any(c in text for c in ".eE") else int(text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -39,10 +39,8 @@ _CHECK_THREADS = 16
 
 IMAGEFOLDER_LAYOUT = (
     "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
-    "(or only DIR/train with val_split set)"
+    "(or DIR/validation/..., timm's name; or only DIR/train with val_split set)"
 )
-
-
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a model and its transforms need to know about a data source.
@@ -467,7 +465,7 @@ def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequ
 
 
 #: Names of an ImageFolder's split folders, in the order they are looked for.
-SPLIT_FOLDERS = {"train": ("train",), "val": ("val",)}
+SPLIT_FOLDERS = {"train": ("train",), "val": ("val", "validation")}
 
 
 def split_folder(base: Path, split: str) -> Path | None:
@@ -510,7 +508,7 @@ def _imagefolder(root: str | None, val_split: float | int | None, seed: int,
     else:
         found = sorted(p.name for p in base.iterdir() if p.is_dir())
         raise ValueError(
-            f"{base} has no 'val' folder (found folders: {found}) and val_split is not set; "
+            f"{base} has no 'val' folder nor a 'validation' folder (found folders: {found}) and val_split is not set; "
             f"expected {IMAGEFOLDER_LAYOUT}"
         )
     return train_set, val_set, _imagefolder_info(train.classes)
@@ -553,14 +551,21 @@ def build_datasets(
     data_dir: str | None = None,
     *,
     download: bool = False,
-    val_split: float | int | None = None,
+    val_split: float | int | str | None = None,
     split_seed: int = 0,
     synthetic_size: int = 256,
     synthetic_classes: int = 10,
     synthetic_img_size: int = 32,
     skip_bad_images: bool = False,
+    train_split: str = "train",
+    seed: int = 0,
+    num_classes: int | None = None,
+    dataset_kwargs: dict | None = None,
 ) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """The (train, val, info) of data source ``name`` (one of :data:`DATASETS`).
+    """The (train, val, info) of data source ``name``: one of :data:`DATASETS`, or a
+    ``timm.data.create_dataset`` name (``hfds/``, ``hfids/``, ``wds/``, ``tfds/``, ``torch/``:
+    :func:`ssog.data.timm_sources.timm_datasets`, which also takes ``train_split``, ``seed``,
+    ``num_classes`` and ``dataset_kwargs``, and a ``val_split`` that names a split).
 
     ``val_split`` (a fraction or a count) splits the validation set off the training set,
     stratified and seeded by ``split_seed``; ``None`` uses the source's own validation split
@@ -569,6 +574,17 @@ def build_datasets(
     ImageFolder files are checked before use (:func:`unreadable_images`): an unreadable one is
     an error naming it, or with ``skip_bad_images`` a warning naming it, and it is left out.
     """
+    from ssog.data.timm_sources import is_timm_source, timm_datasets
+
+    if is_timm_source(name):
+        return timm_datasets(name, data_dir, train_split=train_split, val_split=val_split, split_seed=split_seed,
+                             download=download, seed=seed, num_classes=num_classes, options=dataset_kwargs)
+    timm_only = (("val_split", isinstance(val_split, str), False), ("train_split", train_split, "train"),
+                 ("dataset_kwargs", dataset_kwargs or {}, {}))
+    for setting, value, default in timm_only:
+        if value != default:
+            raise ValueError(f"{setting} {'names a split' if setting == 'val_split' else 'is set'}, which only "
+                             f"timm's sources (hfds/, hfids/, wds/, tfds/, torch/) take; dataset {name!r} does not")
     if name == "digits":
         return _digits(val_split, split_seed)
     if name in ("cifar10", "cifar100"):
@@ -577,4 +593,5 @@ def build_datasets(
         return _imagefolder(data_dir, val_split, split_seed, skip_bad_images)
     if name == "synthetic":
         return _synthetic(synthetic_size, synthetic_classes, synthetic_img_size, split_seed)
-    raise ValueError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")
+    raise ValueError(f"unknown dataset {name!r}; expected one of {list(DATASETS)} or a timm data source "
+                     "(hfds/NAME, hfids/NAME, wds/NAME, tfds/NAME, torch/NAME)")

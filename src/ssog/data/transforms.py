@@ -50,23 +50,25 @@ def get_augmentation(level: str) -> Augmentation:
 
 def build_transform(
     level: str,
-    img_size: int,
+    img_size: int | tuple[int, int],
     mean: tuple[float, ...],
     std: tuple[float, ...],
     *,
     train: bool,
     crop_pct: float = 1.0,
+    interpolation: str = "bicubic",
     allow_hflip: bool = True,
 ) -> Callable:
-    """The transform from a PIL image to a normalised ``(C, img_size, img_size)`` tensor.
+    """The transform from a PIL image to a normalised ``(C, H, W)`` tensor (``img_size`` is
+    the side in pixels, or ``(H, W)``).
 
-    ``train=False`` gives the evaluation transform (bicubic resize to ``img_size / crop_pct``,
-    centre crop), whatever the level. ``allow_hflip=False`` disables flips for data where
-    they change the class (digits).
+    ``train=False`` gives the evaluation transform (resize to ``img_size / crop_pct`` with
+    ``interpolation``, centre crop), whatever the level. ``allow_hflip=False`` disables flips
+    for data where they change the class (digits).
     """
     aug = get_augmentation(level)
     if not train or aug.scale is None:
-        return create_transform(img_size, is_training=False, interpolation="bicubic",
+        return create_transform(img_size, is_training=False, interpolation=interpolation,
                                 mean=mean, std=std, crop_pct=crop_pct)
     return create_transform(
         img_size,
@@ -75,7 +77,7 @@ def build_transform(
         hflip=aug.hflip if allow_hflip else 0.0,
         color_jitter=0.0,
         auto_augment=aug.auto_augment,
-        interpolation="bicubic",
+        interpolation=interpolation,
         mean=mean,
         std=std,
         re_prob=aug.re_prob,

@@ -208,7 +208,8 @@ class SSoGAttention(nn.Module):
             self.sigma_min + 0.05)
         centres = initial_centres(num_heads, num_atoms, centre_init, centre_radius) * scale_yx
         self.mu = nn.Parameter(centres.to(**dd))
-        self.rho = nn.Parameter(_inverse_softplus(widths - self.sigma_min).to(**dd))
+        # contiguous: the width ladder broadcasts to a permuted layout, which safetensors refuses
+        self.rho = nn.Parameter(_inverse_softplus(widths - self.sigma_min).contiguous().to(**dd))
         self.logits = nn.Parameter(torch.zeros(num_heads, num_atoms, **dd))
 
         components = {"mu": 2, "sigma": 2, "lambda": 1}

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from timm.layers import PatchEmbed, get_device_dtype, resample_abs_pos_embed, to_2tuple, trunc_normal_
+from timm.layers import (
+    PatchEmbed, get_device_dtype, resample_abs_pos_embed, resample_patch_embed, to_2tuple, trunc_normal_,
+)
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from torch import Tensor, nn
@@ -57,6 +59,9 @@ class ViTBase(nn.Module):
             covering the same fraction of the image whatever the patch size and resolution
             (:func:`~ssog.layers.ssog_attention.kernel_scale_for_grid`); ``"tokens"``: as
             given, in tokens of this model's grid. An error with ``op="mha"``.
+        dynamic_img_size: timm's option: accept any input size divisible by the patch, the
+            position embedding resampled to its grid at every forward (the default here);
+            ``False`` accepts ``img_size`` only, as timm's ViT does by default.
     """
 
     #: Family name used in registered model names, and the keyword of its number of
@@ -90,6 +95,7 @@ class ViTBase(nn.Module):
         centre_radius: float | None = None,
         width_init: str | None = None,
         kernel_units: str | None = None,
+        dynamic_img_size: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -124,11 +130,12 @@ class ViTBase(nn.Module):
         self.drop_path_rate = drop_path_rate
         self.has_class_token = class_token
         self.num_prefix_tokens = 1 if class_token else 0
+        self.dynamic_img_size = dynamic_img_size
 
         # NHWC output: the grid size is read off the embedded tensor, so any input size works.
         self.patch_embed = PatchEmbed(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
-            strict_img_size=False, output_fmt="NHWC", **dd,
+            strict_img_size=not dynamic_img_size, output_fmt="NHWC", **dd,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd)) if class_token else None
         self.pos_embed = nn.Parameter(
@@ -212,6 +219,10 @@ class ViTBase(nn.Module):
             raise ValueError(
                 f"image size {height}x{width} is not divisible by the patch size {ph}x{pw}"
             )
+        if not self.dynamic_img_size and (height, width) != tuple(self.patch_embed.img_size):
+            size = "x".join(map(str, self.patch_embed.img_size))
+            raise ValueError(f"image size {height}x{width} is not the model's {size}: it was built with "
+                             "dynamic_img_size=False (True accepts any size divisible by the patch)")
 
     def embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images ``(B, C, H, W)`` -> tokens ``(B, P + Hg*Wg, D)`` and the grid ``(Hg, Wg)``.
@@ -459,9 +470,35 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module | None 
     }
 
 
+def adapt_embeddings(state_dict: dict[str, Tensor], model: nn.Module) -> list[str]:
+    """Resample, in place, a state dict's position embedding (bicubic) and patch embedding
+    (PI-resize) to ``model``'s token grid and patch size, as timm's ViT ``checkpoint_filter_fn``
+    does for pretrained weights (timm's ``resample_abs_pos_embed`` / ``resample_patch_embed``);
+    works for timm's ViTs too. The checkpoint's grid is taken as square. Returns what changed."""
+    notes = []
+    target = model.state_dict()
+    pos = state_dict.get("pos_embed")
+    if pos is not None and "pos_embed" in target and pos.shape != target["pos_embed"].shape:
+        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+        state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
+                                                         num_prefix_tokens=prefix)
+        notes.append(f"position embedding resampled {tuple(pos.shape)} -> {tuple(state_dict['pos_embed'].shape)}")
+    key = "patch_embed.proj.weight"
+    weight = state_dict.get(key)
+    if weight is not None and key in target and weight.shape[-2:] != target[key].shape[-2:]:
+        state_dict[key] = resample_patch_embed(weight, list(target[key].shape[-2:]))
+        notes.append(f"patch embedding resized {tuple(weight.shape[-2:])} -> {tuple(target[key].shape[-2:])}")
+    return notes
+
+
 def _load_run_checkpoint(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args: Any) -> None:
-    """``load_state_dict`` pre-hook: read a whole run checkpoint as its model weights."""
-    if prefix == "" and any(key.startswith(CHECKPOINT_MODEL_PREFIX) for key in state_dict):
+    """``load_state_dict`` pre-hook: read a whole run checkpoint as its model weights, and
+    weights of another input or patch size at this model's (:func:`adapt_embeddings`), so
+    ``timm.create_model(..., img_size=48, checkpoint_path=<32 px weights>)`` loads."""
+    if prefix != "":
+        return
+    if any(key.startswith(CHECKPOINT_MODEL_PREFIX) for key in state_dict):
         weights = checkpoint_filter_fn(dict(state_dict))
         state_dict.clear()
         state_dict.update(weights)
+    adapt_embeddings(state_dict, module)

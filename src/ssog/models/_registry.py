@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import timm
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
 from ._base import checkpoint_filter_fn
@@ -98,12 +98,13 @@ def register_family(module_name: str, model_cls: type[nn.Module]) -> None:
 
 def _entry_point(model_cls: type[nn.Module], name: str, preset_args: dict[str, Any]) -> Callable[..., nn.Module]:
     def entry(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        overlay = kwargs.get("pretrained_cfg_overlay") or {}
-        if pretrained and not (overlay.get("file") or overlay.get("state_dict")):
+        if pretrained and not _names_weights(kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay")):
             raise ValueError(
                 f"{name} has no pretrained weights; train one with `ssog train` and load it with "
-                "checkpoint_path='RUN/best.safetensors' or "
-                "pretrained=True, pretrained_cfg_overlay=dict(file='RUN/best.safetensors')"
+                "checkpoint_path='RUN/best.safetensors', "
+                "pretrained=True, pretrained_cfg_overlay=dict(file='RUN/best.safetensors'), or, once exported "
+                "with `ssog export --format hf`, timm.create_model('local-dir:DIR' or 'hf-hub:USER/REPO', "
+                "pretrained=True)"
             )
         return build_model_with_cfg(
             model_cls, name, pretrained=pretrained, pretrained_filter_fn=checkpoint_filter_fn,
@@ -114,6 +115,16 @@ def _entry_point(model_cls: type[nn.Module], name: str, preset_args: dict[str, A
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = f"{model_cls.__name__} preset {name}: {preset_args}."
     return entry
+
+
+def _names_weights(pretrained_cfg: Any, overlay: dict[str, Any] | None) -> bool:
+    """Whether timm's ``pretrained_cfg`` (a ``local-dir:`` / ``hf-hub:`` model's, read from its
+    config.json) or the overlay tells where weights are: the presets themselves have none."""
+    if isinstance(pretrained_cfg, PretrainedCfg):
+        pretrained_cfg = pretrained_cfg.to_dict()
+    merged = {**(pretrained_cfg if isinstance(pretrained_cfg, dict) else {}), **(overlay or {})}
+    return bool(merged.get("file") or merged.get("state_dict") or merged.get("hf_hub_id") or merged.get("url")
+                or merged.get("source") in ("local-dir", "hf-hub"))
 
 
 def list_models(pattern: str = "*") -> list[str]:

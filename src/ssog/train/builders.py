@@ -1,13 +1,14 @@
 """Data and model construction from a :class:`TrainConfig`, shared by training and evaluation."""
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import timm
 import torch
-from torch.utils.data import DataLoader
+from timm.models import get_pretrained_cfg
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import ssog.models  # noqa: F401  (registers the ssog models with timm)
 from ssog.models._registry import did_you_mean
@@ -15,10 +16,16 @@ from ssog.data import (
     DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
     training_subset,
 )
+from ssog.data.custom import CUSTOM_DATASET, custom_datasets
+from ssog.data.data_config import resolve_data_config
+from ssog.data.timm_sources import ShardStream, StreamLoader, stream_readers
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
-__all__ = ["DataBundle", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS"]
+__all__ = [
+    "DataBundle", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS", "apply_data_config",
+    "model_pretrained_cfg", "run_data_config",
+]
 
 # Set from the data set and the config's own fields, never through model_kwargs.
 RESERVED_MODEL_KWARGS = {
@@ -29,23 +36,91 @@ RESERVED_MODEL_KWARGS = {
 
 @dataclass
 class DataBundle:
+    """A run's data: the source's ``info``, the resolved ``data_config`` (timm's keys:
+    ``input_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``, ``crop_mode``), the
+    training loader (a :class:`~torch.utils.data.DataLoader` over an
+    :class:`~ssog.data.EpochSampler`, or a :class:`~ssog.data.timm_sources.StreamLoader` for an
+    iterable source) and the validation loader. The training loader yields micro-batches of
+    ``micro_batch`` images, ``grad_accum_steps`` of them per optimizer step; ``local_batch``
+    is this process's images per optimizer step."""
+
     info: DatasetInfo
-    img_size: int
-    train_loader: DataLoader
+    data_config: dict[str, Any]
+    train_loader: DataLoader | StreamLoader
     val_loader: DataLoader
+    local_batch: int
+    grad_accum_steps: int = 1
+
+    @property
+    def micro_batch(self) -> int:
+        return self.local_batch // self.grad_accum_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch (a last partial step's micro-batches are dropped)."""
+        batches = self.stream.batches if self.stream is not None else len(self.train_loader)
+        return batches // self.grad_accum_steps
+
+    @property
+    def img_size(self) -> int | tuple[int, int]:
+        """The input size in pixels: the side, or ``(H, W)`` when not square."""
+        return _side(self.data_config)
+
+    @property
+    def stream(self) -> StreamLoader | None:
+        """The training loader when the source is iterable."""
+        return self.train_loader if isinstance(self.train_loader, StreamLoader) else None
+
+    def start_epoch(self, epoch: int, step: int = 0) -> None:
+        """Position the training loader at step ``step`` of epoch ``epoch`` (0-based)."""
+        if self.stream is not None:
+            self.stream.set_epoch(epoch, step * self.grad_accum_steps)
+        else:
+            self.train_loader.sampler.set_epoch(epoch, start=step * self.local_batch)
+
+
+def _side(data_config: dict[str, Any]) -> int | tuple[int, int]:
+    height, width = data_config["input_size"][1:]
+    return height if height == width else (height, width)
+
+
+def model_pretrained_cfg(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``pretrained_cfg`` of the run's model (of timm's NAME for ``init_from: timm:NAME``);
+    empty for a name timm does not know (building the model then says so)."""
+    name = cfg.init_from[len(TIMM_INIT_PREFIX):] if (cfg.init_from or "").startswith(TIMM_INIT_PREFIX) else cfg.model
+    try:
+        pretrained = get_pretrained_cfg(name)
+    except RuntimeError as error:  # a tag the architecture does not have
+        raise ValueError(f"model {name!r}: {error}") from None
+    return pretrained.to_dict() if pretrained is not None else {}
+
+
+def run_data_config(cfg: TrainConfig, in_chans: int) -> dict[str, Any]:
+    """The run's data config: ``img_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``
+    where the config sets them, the rest from the model's ``pretrained_cfg`` (timm's
+    ``resolve_data_config``), for data of ``in_chans`` channels."""
+    return resolve_data_config(model_pretrained_cfg(cfg), in_chans, img_size=cfg.img_size, mean=cfg.mean,
+                               std=cfg.std, crop_pct=cfg.crop_pct, interpolation=cfg.interpolation)
 
 
 def _datasets(cfg: TrainConfig, ctx: DistContext):
+    if cfg.dataset == CUSTOM_DATASET:
+        raise ValueError(f"dataset {CUSTOM_DATASET!r}: the run trained on datasets given in Python; name a data "
+                         "source (--dataset, --data-dir) to evaluate it, or pass the datasets again to train()")
+
     def make():
         train, val, info = build_datasets(
             cfg.dataset, cfg.data_dir, download=cfg.download, val_split=cfg.val_split,
             split_seed=cfg.split_seed, synthetic_size=cfg.synthetic_size,
-            synthetic_classes=cfg.synthetic_classes, synthetic_img_size=cfg.img_size or 32,
-            skip_bad_images=cfg.skip_bad_images,
+            synthetic_classes=cfg.synthetic_classes, synthetic_img_size=run_data_config(cfg, 3)["input_size"][-1],
+            skip_bad_images=cfg.skip_bad_images, train_split=cfg.train_split, seed=cfg.seed,
+            num_classes=cfg.num_classes, dataset_kwargs=cfg.dataset_kwargs,
         )
         if cfg.train_subset is not None:
+            if isinstance(train, IterableDataset):
+                raise ValueError(f"train_subset needs a map-style source; dataset {cfg.dataset} is read as a stream")
             train = training_subset(train, cfg.train_subset, cfg.split_seed)
-        return train, val, info if cfg.crop_pct is None else dataclasses.replace(info, crop_pct=cfg.crop_pct)
+        return train, val, info
 
     if cfg.download and ctx.distributed:  # one process downloads, the others wait and read
         splits = make() if ctx.is_main else None
@@ -55,61 +130,121 @@ def _datasets(cfg: TrainConfig, ctx: DistContext):
 
 
 def _local_batch(cfg: TrainConfig, ctx: DistContext) -> int:
-    if cfg.batch_size % ctx.world_size:
-        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of processes {ctx.world_size}")
+    """This process's images per optimizer step (checked to split into ``grad_accum_steps``)."""
+    if cfg.batch_size % (ctx.world_size * cfg.grad_accum_steps):
+        raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of processes {ctx.world_size} "
+                         f"x grad_accum_steps {cfg.grad_accum_steps}")
     return cfg.batch_size // ctx.world_size
 
 
-def _eval_loader(dataset, info: DatasetInfo, img_size: int, batch: int, cfg: TrainConfig,
+def _transform(cfg: TrainConfig, data_config: dict[str, Any], info: DatasetInfo, train: bool):
+    return build_transform(cfg.augment, data_config["input_size"][1:], data_config["mean"], data_config["std"],
+                           train=train, crop_pct=data_config["crop_pct"], interpolation=data_config["interpolation"],
+                           allow_hflip=info.hflip)
+
+
+def _eval_loader(dataset, info: DatasetInfo, data_config: dict[str, Any], batch: int, cfg: TrainConfig,
                  ctx: DistContext) -> DataLoader:
-    transform = build_transform("none", img_size, info.mean, info.std, train=False, crop_pct=info.crop_pct)
+    transform = _transform(cfg, data_config, info, train=False)
+    pin_memory = ctx.device.type == "cuda"
+    if isinstance(dataset, IterableDataset):  # each reader its shards, once
+        _set_stream_transform(dataset, transform, cfg, ctx)
+        return DataLoader(dataset, batch_size=batch, num_workers=cfg.num_workers, pin_memory=pin_memory)
     return build_loader(TransformedDataset(dataset, transform), batch, train=False, rank=ctx.rank,
-                        world_size=ctx.world_size, num_workers=cfg.num_workers,
-                        pin_memory=ctx.device.type == "cuda")
+                        world_size=ctx.world_size, num_workers=cfg.num_workers, pin_memory=pin_memory)
 
 
-def build_data(cfg: TrainConfig, ctx: DistContext) -> DataBundle:
-    """Datasets, transforms and loaders for this process (``cfg.batch_size`` is global)."""
+def _set_stream_transform(dataset: IterableDataset, transform, cfg: TrainConfig, ctx: DistContext) -> None:
+    if isinstance(dataset, ShardStream):
+        dataset.configure(transform, cfg.seed, ctx.rank, ctx.world_size)
+    else:  # timm's IterableImageDataset (tfds/), which splits itself over processes
+        dataset.transform = transform
+        dataset.set_loader_cfg(num_workers=cfg.num_workers)
+
+
+def _stream_loader(dataset: IterableDataset, transform, micro_batch: int, cfg: TrainConfig,
+                   ctx: DistContext) -> StreamLoader:
+    readers = stream_readers(ctx.world_size, cfg.num_workers)
+    if isinstance(dataset, ShardStream):
+        dataset.check_readers(readers)
+    _set_stream_transform(dataset, transform, cfg, ctx)
+    steps = len(dataset) // cfg.batch_size
+    if steps == 0:
+        raise ValueError(f"the training stream ({len(dataset)} samples) is smaller than one batch "
+                         f"({cfg.batch_size}); lower batch_size")
+    loader = DataLoader(dataset, batch_size=micro_batch, num_workers=cfg.num_workers,
+                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(cfg.seed))
+    return StreamLoader(loader, steps * cfg.grad_accum_steps, readers)
+
+
+def build_data(cfg: TrainConfig, ctx: DistContext,
+               datasets: tuple[Dataset, Dataset] | None = None) -> DataBundle:
+    """Datasets, transforms and loaders for this process (``cfg.batch_size`` is global).
+
+    ``datasets``: ``(train, val)`` given in Python (:func:`ssog.data.custom.custom_datasets`)
+    instead of ``cfg.dataset``.
+    """
     local_batch = _local_batch(cfg, ctx)
-    train_base, val_base, info = _datasets(cfg, ctx)
-    img_size = cfg.img_size or info.native_size
-    train_tf = build_transform(cfg.augment, img_size, info.mean, info.std, train=True,
-                               crop_pct=info.crop_pct, allow_hflip=info.hflip)
-    train_loader = build_loader(TransformedDataset(train_base, train_tf, seed=cfg.seed), local_batch, train=True,
-                                seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
-                                num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda")
-    if len(train_loader) == 0:
-        raise ValueError(
-            f"the training set ({len(train_base)} samples, {len(train_base) // ctx.world_size} per process) "
-            f"is smaller than one batch ({local_batch} per process); lower batch_size"
-        )
-    val_loader = _eval_loader(val_base, info, img_size, local_batch, cfg, ctx)
-    return DataBundle(info, img_size, train_loader, val_loader)
+    if datasets is not None:
+        train_base, val_base, info = custom_datasets(*datasets, num_classes=cfg.num_classes)
+    else:
+        train_base, val_base, info = _datasets(cfg, ctx)
+    if cfg.num_classes is not None and cfg.num_classes != info.num_classes:
+        raise ValueError(f"num_classes is {cfg.num_classes} but dataset {cfg.dataset} has {info.num_classes} "
+                         "classes; leave num_classes unset")
+    data_config = run_data_config(cfg, info.in_chans)
+    train_tf = _transform(cfg, data_config, info, train=True)
+    micro_batch = local_batch // cfg.grad_accum_steps
+    if isinstance(train_base, IterableDataset):
+        train_loader = _stream_loader(train_base, train_tf, micro_batch, cfg, ctx)
+    else:
+        train_loader = build_loader(TransformedDataset(train_base, train_tf, seed=cfg.seed), micro_batch, train=True,
+                                    seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
+                                    num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda")
+        if len(train_loader) < cfg.grad_accum_steps:
+            raise ValueError(
+                f"the training set ({len(train_base)} samples, {len(train_base) // ctx.world_size} per process) "
+                f"is smaller than one batch ({local_batch} per process); lower batch_size"
+            )
+    val_loader = _eval_loader(val_base, info, data_config, micro_batch, cfg, ctx)
+    return DataBundle(info, data_config, train_loader, val_loader, local_batch, cfg.grad_accum_steps)
 
 
 def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val",
-                    folder: str | None = None) -> tuple[DataLoader, DatasetInfo]:
-    """An evaluation loader (no augmentation) over the ``train`` or ``val`` split at ``cfg.img_size``,
-    or over every image of an ImageFolder ``folder`` (``folder/<split>`` if it exists; see
-    :func:`~ssog.data.evaluation_folder`)."""
+                    folder: str | None = None) -> tuple[DataLoader, DatasetInfo, dict[str, Any]]:
+    """An evaluation loader (no augmentation) over the ``train`` or ``val`` split with the run's
+    data config, or over every image of an ImageFolder ``folder`` (``folder/<split>`` if it
+    exists; see :func:`~ssog.data.evaluation_folder`); with the data's info and that config."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if folder is not None:
         dataset, info = evaluation_folder(folder, split, cfg.skip_bad_images)
-        if cfg.crop_pct is not None:
-            info = dataclasses.replace(info, crop_pct=cfg.crop_pct)
     else:
         train_base, val_base, info = _datasets(cfg, ctx)
         dataset = val_base if split == "val" else train_base
-    img_size = cfg.img_size or info.native_size
-    return _eval_loader(dataset, info, img_size, _local_batch(cfg, ctx), cfg, ctx), info
+        if isinstance(dataset, ShardStream) and dataset.train:
+            raise ValueError(f"dataset {cfg.dataset} is read as a stream: evaluate its validation split")
+    data_config = run_data_config(cfg, info.in_chans)
+    batch = _local_batch(cfg, ctx) // cfg.grad_accum_steps
+    return _eval_loader(dataset, info, data_config, batch, cfg, ctx), info, data_config
+
+
+def apply_data_config(model: torch.nn.Module, data_config: dict[str, Any],
+                      classes: Sequence[str] = ()) -> None:
+    """Record a run's data config (and class names) in ``model.pretrained_cfg``, where timm's
+    ``resolve_data_config(model=...)``, ``save_for_hf`` and the ONNX export read it."""
+    pretrained = dict(getattr(model, "pretrained_cfg", None) or {})
+    pretrained.update(data_config, num_classes=getattr(model, "num_classes", len(classes)))
+    if classes and len(classes) == pretrained["num_classes"]:
+        pretrained["label_names"] = list(classes)
+    model.pretrained_cfg = model.default_cfg = pretrained
 
 
 #: ``init_from`` of a run that starts from a timm VisionTransformer converted to SSoG.
 TIMM_INIT_PREFIX = "timm:"
 
 
-def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int,
+def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int | tuple[int, int],
                 load_timm_weights: bool = False) -> torch.nn.Module:
     """``timm.create_model(cfg.model, **cfg.model_kwargs)`` sized for the data.
 

@@ -21,12 +21,21 @@ from typing import Any, Iterable
 
 import yaml
 
+from ssog.data.data_config import INTERPOLATIONS
+
 __all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
 
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
 # digits then train several times slower.
 DEFAULT_MODEL = "ssog_vit_digits_patch2_8"
+#: Schedules of timm's create_scheduler_v2.
+SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "plateau", "wsd", "rsqrt", "constant")
+# create_scheduler_v2 arguments set from fields of their own (or by the engine), never through sched_kwargs.
+_OWN_SCHEDULE_OPTIONS = {
+    "sched", "num_epochs", "decay_epochs", "decay_milestones", "decay_rate", "patience_epochs", "cooldown_epochs",
+    "min_lr", "warmup_lr", "warmup_epochs", "step_on_epochs", "updates_per_epoch", "optimizer",
+}
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
 # Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
@@ -49,13 +58,28 @@ class TrainConfig:
     dataset: str = "digits"
     data_dir: str | None = None
     download: bool = False
-    img_size: int | None = None  # None: the data set's native size
-    val_split: float | int | None = None  # None: the data set's own validation split
+    # The data config (docs/training.md, "One data config"): each of these left null comes from
+    # the model's pretrained_cfg (timm's resolve_data_config), e.g. 32 px and CIFAR statistics
+    # for the *_tiny_patch4_32 presets, 224 px and ImageNet statistics for the paper's sizes.
+    img_size: int | None = None  # input side in pixels
+    mean: list[float] | None = None  # per-channel normalisation (one value or one per channel)
+    std: list[float] | None = None
+    crop_pct: float | None = None  # evaluation centre-crop fraction
+    interpolation: str | None = None  # resize filter: bicubic | bilinear | nearest | ...
+    # A fraction or count split off the training set, or the name of the source's validation
+    # split for timm's sources (null: the source's own: CIFAR's test set, ImageFolder's val/
+    # or validation/ folder, a timm source's "validation" split)
+    val_split: float | int | str | None = None
+    train_split: str = "train"  # the training split's name (timm's sources)
+    num_classes: int | None = None  # classifier outputs where the source does not tell them (null: the data's)
+    # options of a timm source: timm.data.create_dataset's keyword arguments for hfds/ and torch/
+    # (class_map, input_key, target_key, ...); input_key, target_key, num_samples and shuffle_size
+    # for the wds/ and hfids/ streams (docs/training.md)
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     split_seed: int = 0
     # train on a seeded, stratified subset of this many training images (the validation split is
     # untouched; seeded by split_seed): the small-data regime where a spatial prior should pay
     train_subset: int | None = None
-    crop_pct: float | None = None  # evaluation centre-crop fraction (None: the data set's)
     synthetic_size: int = 256
     synthetic_classes: int = 10
     augment: str = "none"  # strong | moderate | weak | none (Table 15)
@@ -67,10 +91,27 @@ class TrainConfig:
     skip_bad_images: bool = False
     # optimisation
     epochs: int = 30
-    batch_size: int = 64
+    batch_size: int = 64  # images per optimizer step, over all processes and accumulated micro-batches
+    # micro-batches per optimizer step: each process holds batch_size / (processes x grad_accum_steps)
+    # images at once and the gradients of grad_accum_steps of them are summed (timm's name)
+    grad_accum_steps: int = 1
     opt: str = "adamw"
     lr: float = 5e-3
     weight_decay: float = 0.05
+    # layer-wise lr decay (timm's optimizer factory with the model's group_matcher): each group
+    # from the head down gets lr x layer_decay^depth (null: off)
+    layer_decay: float | None = None
+    # the learning-rate schedule, timm's create_scheduler_v2: cosine | tanh | step | multistep |
+    # poly | plateau | wsd | rsqrt | constant, stepped every optimizer step (plateau: every epoch,
+    # on validation Acc@1); sched_kwargs passes its other options (cycle_mul, k_decay, noise,
+    # plateau_mode, decay_fn, ...)
+    sched: str = "cosine"
+    decay_epochs: float | None = None  # step: the interval; wsd/rsqrt: the decay phase (null: timm's)
+    decay_milestones: list[float] = field(default_factory=lambda: [90, 180, 270])  # multistep
+    decay_rate: float = 0.1  # step, multistep, plateau; poly's power
+    patience_epochs: int = 10  # plateau
+    cooldown_epochs: int = 0  # at min_lr after the schedule, trained after `epochs`
+    sched_kwargs: dict[str, Any] = field(default_factory=dict)
     warmup_epochs: float = 2
     warmup_lr: float = 1e-5
     min_lr: float = 1e-5
@@ -95,6 +136,9 @@ class TrainConfig:
     # replace the files of an earlier run in `output` (never other files); results unchanged
     overwrite: bool = False
     checkpoint_every: int = 0  # also save `last` every this many optimizer steps (0: epoch ends only)
+    # every this many optimizer steps: the training loss and lr to TensorBoard / W&B, and a
+    # progress line when stderr is not a terminal (0: epoch ends only)
+    log_every: int = 50
     progress: bool = True
     compile: bool = False  # train through torch.compile (the model's forward and backward)
     tensorboard: bool = False
@@ -103,6 +147,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model_kwargs is None:  # `model_kwargs:` left empty in a recipe
             self.model_kwargs = {}
+        for name in ("dataset_kwargs", "sched_kwargs"):
+            if getattr(self, name) is None:
+                setattr(self, name, {})
         self.validate()
 
     def validate(self) -> None:
@@ -119,6 +166,12 @@ class TrainConfig:
                f"one would repeat a smaller one's run), got {value}")
               for name, value in (("seed (--seed)", self.seed), ("split_seed", self.split_seed))),
             (self.crop_pct is None or 0 < self.crop_pct <= 1, "crop_pct must be in (0, 1] or null"),
+            (self.mean is None or (len(self.mean) >= 1 and all(map(math.isfinite, self.mean))),
+             f"mean must be a list of finite numbers or null, got {self.mean}"),
+            (self.std is None or (len(self.std) >= 1 and all(math.isfinite(v) and v > 0 for v in self.std)),
+             f"std must be a list of numbers > 0 or null, got {self.std}"),
+            (self.interpolation is None or self.interpolation in INTERPOLATIONS,
+             f"interpolation must be one of {', '.join(INTERPOLATIONS)} or null, got {self.interpolation!r}"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset must be >= 1 or null"),
             (self.lr > 0, "lr must be > 0"),
@@ -130,6 +183,17 @@ class TrainConfig:
             (self.synthetic_size >= 1 and self.synthetic_classes >= 2,
              "synthetic_size must be >= 1 and synthetic_classes >= 2"),
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: epoch ends only)"),
+            (self.log_every >= 0, "log_every must be >= 0 (0: epoch ends only)"),
+            (self.grad_accum_steps >= 1, f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}"),
+            (self.layer_decay is None or 0 < self.layer_decay <= 1, "layer_decay must be in (0, 1] or null"),
+            (self.sched in SCHEDULES, f"sched must be one of {', '.join(SCHEDULES)}, got {self.sched!r}"),
+            (self.decay_epochs is None or self.decay_epochs > 0, "decay_epochs must be > 0 or null"),
+            (self.decay_rate > 0, "decay_rate must be > 0"),
+            (self.patience_epochs >= 0 and self.cooldown_epochs >= 0,
+             "patience_epochs and cooldown_epochs must be >= 0"),
+            (isinstance(self.sched_kwargs, dict) and not set(self.sched_kwargs) & _OWN_SCHEDULE_OPTIONS,
+             f"sched_kwargs may not set {sorted(set(self.sched_kwargs or {}) & _OWN_SCHEDULE_OPTIONS)}: "
+             "they are training config fields"),
             (self.num_workers >= 0, "num_workers must be >= 0"),
             (self.threads is None or self.threads >= 1, "threads must be >= 1 or null (torch's default)"),
             (self.amp in ("none", "bf16", "fp16"), f"amp must be none, bf16 or fp16, got {self.amp!r}"),
@@ -138,6 +202,8 @@ class TrainConfig:
             (0 <= self.drop_path < 1, "drop_path must be in [0, 1)"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (isinstance(self.model_kwargs, dict), "model_kwargs must be a mapping"),
+            (isinstance(self.dataset_kwargs, dict), "dataset_kwargs must be a mapping"),
+            (self.num_classes is None or self.num_classes >= 2, "num_classes must be >= 2 or null"),
             (self.data_dir is None or self.dataset not in _BUILT_IN_DATA,
              f"data_dir is set but dataset {self.dataset!r} reads no files; choose dataset imagefolder, "
              "cifar10 or cifar100 (or give data_dir without a dataset to infer it)"),
@@ -179,15 +245,18 @@ def _matches(value: Any, hint: Any) -> bool:
     """Whether a YAML value fits a field's type hint (ints are accepted for floats)."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for option in options:
-        option = typing.get_origin(option) or option
-        if option is type(None) and value is None:
+        kind = typing.get_origin(option) or option
+        if kind is type(None) and value is None:
             return True
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return True
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
             return True
-        if option in (bool, str, dict) and isinstance(value, option):
+        if kind in (bool, str, dict) and isinstance(value, kind):
             return True
+        if kind is list and isinstance(value, list):
+            item = (typing.get_args(option) or (Any,))[0]
+            return item is Any or all(_matches(v, item) for v in value)
     return False
 
 

@@ -1,4 +1,5 @@
-"""The training loop: AdamW + warmup/cosine, mixup, EMA, AMP, DDP, exact resume.
+"""The training loop: timm's optimizers (layer-wise lr decay) and schedules, gradient
+accumulation, mixup, EMA, AMP, DDP, exact resume.
 
 Run folder (``cfg.output``): ``config.yaml``, ``last.safetensors`` (full state, rewritten at
 every epoch end and every ``checkpoint_every`` steps), ``best.safetensors`` (weights of the
@@ -27,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -42,15 +43,18 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from ssog.data import get_augmentation
+from ssog.data.custom import CUSTOM_DATASET
 from ssog.files import FolderLock, WriteError, is_temporary, write_atomic
 from ssog.runtime import check_plotting, is_out_of_memory
-from ssog.train.builders import TIMM_INIT_PREFIX, build_data, build_model
+from ssog.train.builders import TIMM_INIT_PREFIX, apply_data_config, build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoints
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
+from ssog.train.environment import record_environment
 from ssog.train.logger import RunLogger, logging_backends, progress_bar
 from ssog.train.metrics import GradNormMeter, autocast, evaluate
 from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
@@ -128,14 +132,31 @@ def torch_settings(cfg: TrainConfig, ctx: DistContext):
         torch.backends.cudnn.benchmark = saved[2]
 
 
+def _scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int) -> tuple[Any, int]:
+    """timm's ``create_scheduler_v2`` for ``cfg.sched`` and its options, stepped every optimizer
+    step (plateau, which watches validation metrics, every epoch); with the number of epochs the
+    schedule runs (``epochs`` + ``cooldown_epochs``, or more with warmup_prefix / cycles)."""
+    per_epoch = cfg.sched == "plateau"
+    try:
+        return create_scheduler_v2(
+            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, decay_epochs=cfg.decay_epochs,
+            decay_milestones=cfg.decay_milestones, decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs,
+            cooldown_epochs=cfg.cooldown_epochs, warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
+            min_lr=cfg.min_lr, step_on_epochs=per_epoch, updates_per_epoch=steps_per_epoch, **cfg.sched_kwargs,
+        )
+    except TypeError as error:  # an option create_scheduler_v2 does not take
+        raise ValueError(f"sched_kwargs {cfg.sched_kwargs}: {error}") from None
+
+
 class Trainer:
     """One training run in this process (rank ``ctx.rank`` of ``ctx.world_size``)."""
 
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, output: Path, resume_state: dict[str, Any] | None = None):
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, output: Path, resume_state: dict[str, Any] | None = None,
+                 datasets: tuple[Dataset, Dataset] | None = None):
         self.cfg, self.ctx, self.output = cfg, ctx, output
         self.main = ctx.is_main
-        self.data = build_data(cfg, ctx)
-        self.steps_per_epoch = len(self.data.train_loader)
+        self.data = build_data(cfg, ctx, datasets)
+        self.steps_per_epoch = self.data.steps_per_epoch  # optimizer steps
         info = self.data.info
 
         _seed_all(cfg.seed)  # the same initial weights in every process
@@ -143,6 +164,7 @@ class Trainer:
                                  load_timm_weights=resume_state is None)
         if cfg.init_from and not cfg.init_from.startswith(TIMM_INIT_PREFIX) and resume_state is None:
             init_from_checkpoint(self.model, cfg.init_from, cfg.init_keep_head, log=self.log)
+        apply_data_config(self.model, self.data.data_config, info.classes)
         if cfg.linear_probe:
             trainable = freeze_backbone(self.model)
             self.log(f"linear probe: {trainable:,} trainable parameters (classifier only)")
@@ -150,12 +172,9 @@ class Trainer:
         self.params = sum(p.numel() for p in self.model.parameters())
         self.grad_norms = GradNormMeter(self.model)  # the partial epoch's, like the loss sums
 
-        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.scheduler, _ = create_scheduler_v2(
-            self.optimizer, sched="cosine", num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-            warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, step_on_epochs=False,
-            updates_per_epoch=self.steps_per_epoch,
-        )
+        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                             layer_decay=cfg.layer_decay)
+        self.scheduler, self.num_epochs = _scheduler(self.optimizer, cfg, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp == "fp16")
         self.ema = ModelEmaV3(self.model, decay=cfg.ema_decay) if cfg.ema_decay else None
 
@@ -164,8 +183,9 @@ class Trainer:
         cutmix = aug.cutmix if cfg.cutmix is None else cfg.cutmix
         self.mixup = None
         if mixup > 0 or cutmix > 0:
-            if (cfg.batch_size // ctx.world_size) % 2:
-                raise ValueError("mixup/cutmix pair samples within a batch: the per-process batch size must be even")
+            if self.data.micro_batch % 2:
+                raise ValueError("mixup/cutmix pair samples within a batch: the per-process batch size must be even "
+                                 f"(batch_size / processes / grad_accum_steps = {self.data.micro_batch})")
             self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=cfg.label_smoothing,
                                num_classes=info.num_classes)
             self.criterion = SoftTargetCrossEntropy()
@@ -175,8 +195,10 @@ class Trainer:
             self.criterion = torch.nn.CrossEntropyLoss()
 
         self.net = self.model
+        #: DistributedDataParallel around the model (its no_sync skips the all-reduce of a micro-batch)
+        self.ddp: DistributedDataParallel | None = None
         if ctx.distributed:
-            self.net = DistributedDataParallel(
+            self.net = self.ddp = DistributedDataParallel(
                 self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
         if cfg.compile:
             self.net = torch.compile(self.net)
@@ -184,6 +206,10 @@ class Trainer:
         # progress: epochs completed, optimizer steps taken, and the partial epoch's loss sums
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.loss_sum, self.loss_count, self.epoch_time = 0.0, 0, 0.0
+        #: this process's training loss since the last per-step log: (sum, images, start time)
+        self.window: tuple[float, int, float] = (0.0, 0, time.perf_counter())
+        #: whether the state came from a checkpoint (W&B then resumes its run)
+        self.resumed = resume_state is not None
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] = {"acc1": -1.0, "epoch": 0}
         _seed_all(cfg.seed + ctx.rank)  # per-process randomness (mixup, drop-path)
@@ -212,6 +238,13 @@ class Trainer:
         if self.ctx.distributed:
             rng = [None] * self.ctx.world_size
             dist.all_gather_object(rng, _rng_state())
+        progress = {
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "loss_sum": self.loss_sum, "loss_count": self.loss_count, "epoch_time": self.epoch_time,
+            "grad_norm": self.grad_norms.state_dict(),
+        }
+        if self.data.stream is not None:
+            progress["stream"] = self._stream_state()
         return {
             "kind": "last",
             "config": self.cfg.to_dict(),
@@ -223,14 +256,20 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "rng": rng,
             "world_size": self.ctx.world_size,
-            "progress": {
-                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "epoch_time": self.epoch_time,
-                "grad_norm": self.grad_norms.state_dict(),
-            },
+            "data_config": self.data.data_config,
+            "progress": progress,
             "history": self.history,
             "best": self.best,
         }
+
+    def _stream_state(self) -> dict[str, Any]:
+        """Every reader's shard position in the epoch (each process knows its own readers)."""
+        parts = [self.data.stream.state_dict()]
+        if self.ctx.distributed:
+            parts = [None] * self.ctx.world_size
+            dist.all_gather_object(parts, self.data.stream.state_dict())
+        return {"readers": parts[0]["readers"],
+                "finished": {reader: done for part in parts for reader, done in part["finished"].items()}}
 
     def save_last(self, best: dict[str, Any] | None = None) -> None:
         """Write ``last.safetensors`` (and, given the ``best`` epoch's metrics, ``best.safetensors``
@@ -299,7 +338,7 @@ class Trainer:
     def _best_state(self, metrics: dict[str, Any]) -> dict[str, Any]:
         return {
             "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
-            "model": self.model.state_dict(),
+            "data_config": self.data.data_config, "model": self.model.state_dict(),
             "ema": self.ema.module.state_dict() if self.ema else None,
             "progress": {"epoch": self.epoch, "global_step": self.global_step}, "metrics": metrics,
         }
@@ -328,6 +367,11 @@ class Trainer:
         if self.step_in_epoch > self.steps_per_epoch:
             raise ValueError(f"checkpoint is at step {self.step_in_epoch} of an epoch that has only "
                              f"{self.steps_per_epoch} steps: the data or batch size changed")
+        stream = self.data.stream
+        if stream is not None and self.step_in_epoch and not stream.load_state_dict(progress.get("stream") or {}):
+            self.log(f"note: the stream of {self.cfg.dataset} cannot continue inside epoch {self.epoch + 1} "
+                     "(another number of processes x loader workers, or a source that restarts its epochs): "
+                     "the epoch's remaining steps read its stream from the start")
         if schedule_changed:  # the new schedule's learning rate at the step reached
             self.scheduler.step_update(num_updates=self.global_step)
         if state["world_size"] == self.ctx.world_size:
@@ -339,52 +383,89 @@ class Trainer:
         self.log(f"resumed at epoch {self.epoch + 1}, step {self.global_step}")
 
     # ------------------------------------------------------------------ loop
-    def _train_step(self, images: torch.Tensor, targets: torch.Tensor) -> float:
+    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> float:
+        """One micro-batch: forward, and backward of its loss / ``grad_accum_steps``, adding to the
+        gradients (under DDP all-reduced only when ``sync``, the step's last micro-batch)."""
         cfg = self.cfg
         images = images.to(self.ctx.device, non_blocking=True)
         targets = targets.to(self.ctx.device, non_blocking=True)
         if self.mixup is not None:
             images, targets = self.mixup(images, targets)
-        with autocast(self.ctx.device, cfg.amp):
-            loss = self.criterion(self.net(images), targets)
-        value = loss.item()
-        if not np.isfinite(value):
-            self._diverged(f"the loss is {value}")
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        with self.ddp.no_sync() if self.ddp is not None and not sync else nullcontext():
+            with autocast(self.ctx.device, cfg.amp):
+                loss = self.criterion(self.net(images), targets)
+            value = loss.item()
+            if not np.isfinite(value):
+                self._diverged(f"the loss is {value}")
+            self.scaler.scale(loss / cfg.grad_accum_steps).backward()
+        return value
+
+    def _optimizer_step(self) -> None:
+        cfg = self.cfg
         self.scaler.unscale_(self.optimizer)  # a no-op without fp16
         self.grad_norms.update()
         if cfg.clip_grad:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step)
         self.scheduler.step_update(num_updates=self.global_step)
-        return value
+
+    def lr(self) -> float:
+        """The schedule's learning rate now (with layer_decay, the head's: the largest)."""
+        return max(group["lr"] for group in self.optimizer.param_groups)
+
+    def _log_step(self) -> None:
+        """Every ``log_every`` steps: the window's mean training loss (this process's), the lr and
+        the throughput to TensorBoard / W&B, and a line when stderr is not a terminal."""
+        cfg = self.cfg
+        if not (cfg.log_every and self.global_step % cfg.log_every == 0 and self.main):
+            return
+        loss_sum, count, start = self.window
+        elapsed = time.perf_counter() - start
+        scalars = {"train/loss": loss_sum / max(count, 1), "train/lr": self.lr(),
+                   "train/images_per_s": count * self.ctx.world_size / elapsed if elapsed > 0 else 0.0}
+        self.logger.log_step(self.global_step, scalars)
+        self.window = (0.0, 0, time.perf_counter())
+        if cfg.progress and not sys.stderr.isatty():
+            self.log(f"epoch {self.epoch + 1}/{self.num_epochs} step {self.step_in_epoch}/{self.steps_per_epoch} "
+                     f"(step {self.global_step}): loss {scalars['train/loss']:.4f}, lr {scalars['train/lr']:.3g}, "
+                     f"{scalars['train/images_per_s']:.1f} images/s")
 
     def _train_epoch(self) -> None:
         loader, cfg = self.data.train_loader, self.cfg
-        local_batch = cfg.batch_size // self.ctx.world_size
-        loader.sampler.set_epoch(self.epoch, start=self.step_in_epoch * local_batch)
+        self.data.start_epoch(self.epoch, self.step_in_epoch)
         self.net.train()
         bar = progress_bar(self.main and cfg.progress, total=self.steps_per_epoch, initial=self.step_in_epoch,
-                           desc=f"epoch {self.epoch + 1}/{cfg.epochs}")
+                           desc=f"epoch {self.epoch + 1}/{self.num_epochs}")
         start = time.perf_counter() - self.epoch_time
+        self.window = (0.0, 0, time.perf_counter())
+        micro = 0
         try:
             for images, targets in loader:
-                loss = self._train_step(images, targets)
+                micro += 1
+                sync = micro % cfg.grad_accum_steps == 0
+                loss = self._forward_backward(images, targets, sync)
                 self.loss_sum += loss * len(images)
                 self.loss_count += len(images)
+                self.window = (self.window[0] + loss * len(images), self.window[1] + len(images), self.window[2])
+                if not sync:
+                    continue
+                self._optimizer_step()
                 self.step_in_epoch += 1
                 bar.update()
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.lr():.2e}")
                 self.epoch_time = time.perf_counter() - start
+                self._log_step()
                 if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
                         and self.step_in_epoch < self.steps_per_epoch:
                     self.save_last()
                 self._stop_if_asked()
+                if self.step_in_epoch == self.steps_per_epoch:
+                    break  # micro-batches short of a whole step are left for the next epoch's shuffle
         except RuntimeError:
             # A terminal's Ctrl-C also reaches the loader's workers, which then exit: the
             # loader's complaint about that is the interruption, not an error.
@@ -399,7 +480,7 @@ class Trainer:
         loss_sum, loss_count = all_reduce_sum([self.loss_sum, self.loss_count], self.ctx)
         val = evaluate(self.model, self.data.val_loader, self.ctx, cfg.amp)
         record: dict[str, Any] = {
-            "epoch": self.epoch + 1, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"],
+            "epoch": self.epoch + 1, "step": self.global_step, "lr": self.lr(),
             "train_loss": loss_sum / loss_count, "val_loss": val["loss"],
             "acc1": val["acc1"], "acc3": val["acc3"], "acc5": val["acc5"],
         }
@@ -411,14 +492,17 @@ class Trainer:
         self.epoch += 1
         self.step_in_epoch, self.loss_sum, self.loss_count, self.epoch_time = 0, 0.0, 0, 0.0
         self.grad_norms.reset()
+        metric = record["acc1"] if self.cfg.sched_kwargs.get("plateau_mode", "max") == "max" else record["val_loss"]
+        self.scheduler.step(self.epoch, metric)  # schedules stepped per epoch (plateau); the others ignore it
         return record
 
     def run(self) -> dict[str, Any]:
-        """Train to ``cfg.epochs`` (from where a resumed state left off) in the existing run folder."""
+        """Train to the schedule's end (``cfg.epochs``, plus ``cooldown_epochs``; from where a
+        resumed state left off) in the existing run folder."""
         cfg = self.cfg
         if self.main:
-            self.logger = RunLogger(self.output, cfg.to_dict(), len(self.history), cfg.tensorboard,
-                                    cfg.wandb_project)
+            self.logger = RunLogger(self.output, cfg.to_dict(), cfg.tensorboard, cfg.wandb_project,
+                                    resumed_at=self.global_step if self.resumed else None)
         with self._signals_stop_at_step_boundary():
             try:
                 return self._run()
@@ -444,9 +528,9 @@ class Trainer:
         if self.main:
             self.log(f"training {cfg.model} ({self.params:,} parameters) on {cfg.dataset} "
                      f"({len(self.data.train_loader.dataset)} train / {len(self.data.val_loader.dataset)} val, "
-                     f"{self.data.img_size}px) for {cfg.epochs} epochs, {self.steps_per_epoch} steps each, "
+                     f"{self.data.img_size}px) for {self.num_epochs} epochs, {self.steps_per_epoch} steps each, "
                      f"on {self.ctx.world_size} x {self.ctx.device.type}; output {self.output}")
-        while self.epoch < cfg.epochs:
+        while self.epoch < self.num_epochs:
             self._train_epoch()
             record = self._end_epoch()
             improved = record["acc1"] > self.best["acc1"]
@@ -457,8 +541,8 @@ class Trainer:
             # run resumable at this epoch, and resuming rewrites the logs from the history.
             self.save_last(best=record if improved else None)
             if self.main:
-                self.logger.log_epoch(self.history, final=self.epoch == cfg.epochs)
-                self.log(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, "
+                self.logger.log_epoch(self.history, final=self.epoch == self.num_epochs)
+                self.log(f"epoch {record['epoch']}/{self.num_epochs}: train loss {record['train_loss']:.4f}, "
                          f"val loss {record['val_loss']:.4f}, Acc@1 {record['acc1']:.2f}, "
                          f"Acc@5 {record['acc5']:.2f} ({record['epoch_time_s']:.1f}s)")
             self._stop_if_asked()
@@ -592,14 +676,41 @@ def _apply_resume_changes(cfg: TrainConfig, changes: Mapping[str, Any], epochs_d
                          "no longer bit-identical to an uninterrupted one")
         setattr(cfg, key, value)
     cfg.validate()
-    if cfg.epochs < epochs_done:
-        raise ValueError(f"epochs={cfg.epochs} is fewer than the {epochs_done} epochs this run has done")
+    if cfg.epochs + cfg.cooldown_epochs < epochs_done:
+        cooldown = f" + cooldown_epochs={cfg.cooldown_epochs}" if cfg.cooldown_epochs else ""
+        raise ValueError(f"epochs={cfg.epochs}{cooldown} is fewer than the {epochs_done} epochs this run has done")
     return notes
 
 
+def _given_datasets(cfg: TrainConfig, train_dataset: Dataset | None, val_dataset: Dataset | None,
+                    resuming: bool) -> tuple[Dataset, Dataset] | None:
+    """``(train_dataset, val_dataset)`` if given (both or neither), with ``cfg.dataset`` set to
+    ``custom``; a custom run resumed without them is an error."""
+    if (train_dataset is None) != (val_dataset is None):
+        raise ValueError("give both train_dataset and val_dataset, or neither")
+    if train_dataset is None:
+        if cfg.dataset == CUSTOM_DATASET:
+            raise ValueError("this run trained on datasets given in Python: pass them again, "
+                             "train(resume=DIR, train_dataset=..., val_dataset=...)" if resuming else
+                             f"dataset {CUSTOM_DATASET!r} needs train_dataset and val_dataset")
+        return None
+    if resuming and cfg.dataset != CUSTOM_DATASET:
+        raise ValueError(f"this run trained on dataset {cfg.dataset!r}; resume it without train_dataset/val_dataset")
+    if cfg.data_dir is not None:
+        raise ValueError("data_dir is set but the datasets are given in Python; leave data_dir unset")
+    cfg.dataset = CUSTOM_DATASET
+    return train_dataset, val_dataset
+
+
 def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
-          resume_changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          resume_changes: Mapping[str, Any] | None = None, train_dataset: Dataset | None = None,
+          val_dataset: Dataset | None = None) -> dict[str, Any]:
     """Train and return the summary (also written to ``<output>/summary.json``).
+
+    ``train_dataset``, ``val_dataset``: map-style datasets of ``(PIL image, class index)`` to
+    train on instead of ``cfg.dataset`` (which the run then records as ``custom``); the run's
+    augmentation and data config transform them (:func:`ssog.data.custom.custom_datasets`).
+    A run trained on them resumes with the same two datasets passed again.
 
     ``resume``: a run folder (or a checkpoint file) to continue; the configuration then
     comes from the checkpoint, and ``cfg`` must be None. ``resume_changes`` may set the fields
@@ -629,6 +740,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
     if state is None and cfg.data_dir is not None:
         # Stored resolved: evaluating the run from another folder must read the same data.
         cfg.data_dir = str(Path(cfg.data_dir).expanduser().resolve())
+    datasets = _given_datasets(cfg, train_dataset, val_dataset, resuming=state is not None)
     logging_backends(cfg.tensorboard, cfg.wandb_project)  # a missing package is a setting error
     check_plotting()
     ctx = init_distributed(cfg.device)
@@ -642,9 +754,10 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
                 print("warning: --linear-probe without --init-from trains a classifier on a randomly initialised, "
                       "frozen backbone; give --init-from CKPT to probe a trained one", file=sys.stderr)
         with torch_settings(cfg, ctx):
-            trainer = _build_trainer(cfg, ctx, output, state)
+            trainer = _build_trainer(cfg, ctx, output, state, datasets)
             if ctx.is_main:
                 lock = _claim_run_folder(output, cfg, resuming=state is not None)
+                record_environment(output, resumed=state is not None)
                 for note in ([lock.note] if lock.note else []) + notes:
                     trainer.log(note)
             return trainer.run()
@@ -655,11 +768,12 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
             dist.destroy_process_group()
 
 
-def _build_trainer(cfg: TrainConfig, ctx: DistContext, output: Path, state: dict[str, Any] | None) -> Trainer:
+def _build_trainer(cfg: TrainConfig, ctx: DistContext, output: Path, state: dict[str, Any] | None,
+                   datasets: Any = None) -> Trainer:
     """:class:`Trainer`, with running out of memory while building it (a model too large for the
     device at this ``img_size``) as one line."""
     try:
-        return Trainer(cfg, ctx, output, state)
+        return Trainer(cfg, ctx, output, state, datasets)
     except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise

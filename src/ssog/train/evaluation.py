@@ -70,7 +70,7 @@ def evaluate_checkpoint(
     # A folder given here is evaluated whole: the run's val_split belongs to the run's own data.
     folder = (data or {}).get("data_dir") if cfg.dataset == "imagefolder" else None
     with _out_of_memory_named(cfg, ctx):  # synthetic images are made in memory at img_size
-        loader, info = build_eval_data(cfg, ctx, split, folder=folder)
+        loader, info, data_config = build_eval_data(cfg, ctx, split, folder=folder)
     if folder is not None:
         _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
 
@@ -99,7 +99,7 @@ def evaluate_checkpoint(
     patch_embed = getattr(model, "patch_embed", None)  # None: a model without patches (a CNN)
     return {
         **metrics, "checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split,
-        "samples": len(loader.dataset), "img_size": img_size or cfg.img_size or info.native_size,
+        "samples": len(loader.dataset), "img_size": data_config["input_size"][-1],
         "patch_size": list(patch_embed.patch_size) if patch_embed else None,
         "grid": list(patch_embed.grid_size) if patch_embed else None, "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema, "data_dir": cfg.data_dir,

@@ -1,9 +1,11 @@
-"""Per-epoch run log: JSONL and CSV files, a PNG of the curves, optional TensorBoard / W&B."""
+"""Run log: per-epoch JSONL and CSV files and a PNG of the curves; per-step and per-epoch
+scalars to TensorBoard / W&B (x axis: optimizer steps)."""
 from __future__ import annotations
 
 import csv
 import io
 import json
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -13,7 +15,7 @@ from tqdm import tqdm
 
 from ssog.files import replacing, write_atomic
 
-__all__ = ["RunLogger", "logging_backends", "plot_curves", "write_text_atomic"]
+__all__ = ["RunLogger", "logging_backends", "plot_curves", "curves_figure", "wandb_run_id", "write_text_atomic"]
 
 PLOT_INTERVAL_S = 60.0
 
@@ -37,26 +39,37 @@ def flat_record(record: dict[str, Any]) -> dict[str, Any]:
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss (train, val) and validation Acc@1/3/5 per epoch, side by side."""
+    fig = curves_figure(history)
+    with replacing(path) as (tmp,):
+        fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
+
+
+#: Up to this many epochs the curves mark each epoch's point (one epoch is a point, not a line).
+MARKED_EPOCHS = 50
+
+
+def curves_figure(history: list[dict[str, Any]]) -> Any:
+    """The ``matplotlib.figure.Figure`` of :func:`plot_curves`."""
     # A bare Figure, no pyplot: no display or backend is touched (ssog.runtime.check_plotting).
     from matplotlib.figure import Figure
 
     epochs = [r["epoch"] for r in history]
+    marker = "o" if len(epochs) <= MARKED_EPOCHS else None
     fig = Figure(figsize=(10, 4))
     ax_loss, ax_acc = fig.subplots(1, 2)
-    ax_loss.plot(epochs, [r["train_loss"] for r in history], label="train")
-    ax_loss.plot(epochs, [r["val_loss"] for r in history], label="val")
+    ax_loss.plot(epochs, [r["train_loss"] for r in history], marker=marker, label="train")
+    ax_loss.plot(epochs, [r["val_loss"] for r in history], marker=marker, label="val")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
     for k in (1, 3, 5):
-        ax_acc.plot(epochs, [r[f"acc{k}"] for r in history], label=f"Acc@{k}")
+        ax_acc.plot(epochs, [r[f"acc{k}"] for r in history], marker=marker, label=f"Acc@{k}")
     if history and "ema_acc1" in history[0]:
-        ax_acc.plot(epochs, [r["ema_acc1"] for r in history], "--", label="EMA Acc@1")
+        ax_acc.plot(epochs, [r["ema_acc1"] for r in history], "--", marker=marker, label="EMA Acc@1")
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Validation accuracy")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    with replacing(path) as (tmp,):
-        fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
+    return fig
 
 
 def logging_backends(tensorboard: bool, wandb_project: str | None) -> tuple[Any, Any]:
@@ -78,24 +91,52 @@ def logging_backends(tensorboard: bool, wandb_project: str | None) -> tuple[Any,
     return summary_writer, wandb
 
 
+#: Where a run keeps the id of its W&B run, so that only --resume continues that run.
+WANDB_ID_FILE = Path("wandb") / "ssog-run-id"
+
+
+def wandb_run_id(output: Path, resuming: bool) -> tuple[str, bool]:
+    """``(id, resume)``: a resumed run's stored W&B id, else a new random one, stored in the run folder."""
+    path = output / WANDB_ID_FILE
+    if resuming and path.is_file():
+        return path.read_text().strip(), True
+    run_id = secrets.token_hex(8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, run_id + "\n")
+    return run_id, False
+
+
 class RunLogger:
-    """Writes ``log.jsonl``, ``log.csv`` and ``curves.png`` in ``output`` after every epoch.
+    """Writes ``log.jsonl``, ``log.csv`` and ``curves.png`` in ``output`` after every epoch, and
+    sends per-step and per-epoch scalars to TensorBoard / W&B against the optimizer step.
 
     The files are rewritten from the whole history each time, so after a resume they hold
-    exactly the epochs the checkpoint had completed, never duplicates.
+    exactly the epochs the checkpoint had completed, never duplicates; a run resumed at step
+    ``resumed_at`` drops TensorBoard events after it (written past the checkpoint) and continues
+    its W&B run, whose id the run folder keeps (a new run gets a new id).
     """
 
-    def __init__(self, output: Path, config: dict[str, Any], epochs_done: int = 0,
-                 tensorboard: bool = False, wandb_project: str | None = None):
+    def __init__(self, output: Path, config: dict[str, Any], tensorboard: bool = False,
+                 wandb_project: str | None = None, resumed_at: int | None = None):
         self.output = output
         self.plotted = -float("inf")
         self.tb = self.wandb = None
         summary_writer, wandb = logging_backends(tensorboard, wandb_project)
         if summary_writer is not None:
-            self.tb = summary_writer(str(output / "tensorboard"), purge_step=epochs_done + 1)
+            purge = None if resumed_at is None else resumed_at + 1
+            self.tb = summary_writer(str(output / "tensorboard"), purge_step=purge)
         if wandb is not None:
-            self.wandb = wandb.init(project=wandb_project, config=config, dir=str(output),
-                                    name=output.name, id=output.name, resume="allow")
+            run_id, resume = wandb_run_id(output, resumed_at is not None)
+            self.wandb = wandb.init(project=wandb_project, config=config, dir=str(output), name=output.name,
+                                    id=run_id, resume="must" if resume else None)
+
+    def log_step(self, step: int, scalars: dict[str, float]) -> None:
+        """Scalars of optimizer step ``step`` to TensorBoard / W&B."""
+        if self.tb is not None:
+            for key, value in scalars.items():
+                self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
 
     def log_epoch(self, history: list[dict[str, Any]], final: bool = False) -> None:
         """Write the files for ``history`` (all epochs so far); send its last record to TB / W&B.
@@ -114,14 +155,9 @@ class RunLogger:
             plot_curves(history, self.output / "curves.png")
             self.plotted = time.monotonic()
         record = rows[-1]
-        step = record["epoch"]
-        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "epoch"}
+        self.log_step(record["step"], {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"})
         if self.tb is not None:
-            for key, value in scalars.items():
-                self.tb.add_scalar(key, value, step)
             self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=step)
 
     def close(self) -> None:
         if self.tb is not None:

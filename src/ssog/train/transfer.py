@@ -2,20 +2,23 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import load_state_dict as timm_load_state_dict
 
 from ssog.conversion import convert_state_dict
 from ssog.layers import ssog_mixers
+from ssog.models._base import adapt_embeddings
 from ssog.train.checkpoint import FORMAT, check_state_dict, checkpoint_path, load_checkpoint
 
 __all__ = [
     "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
-    "set_input_size", "model_from_checkpoint",
+    "set_input_size", "model_from_checkpoint", "save_for_hf", "save_run_for_hf",
 ]
 
 # Parameters a model may have that a checkpoint of the same architecture without them
@@ -77,23 +80,6 @@ def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
     return names
 
 
-def _adapt_embeddings(model: torch.nn.Module, state: dict[str, torch.Tensor], log: Callable[[str], None]) -> None:
-    """Resample a checkpoint's position embedding (bicubic) and patch embedding (PI-resize)
-    in place to the model's grid and patch size."""
-    target = model.state_dict()
-    pos = state.get("pos_embed")
-    if pos is not None and "pos_embed" in target and pos.shape != target["pos_embed"].shape:
-        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
-        state["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
-                                                    num_prefix_tokens=prefix)
-        log(f"position embedding resampled {tuple(pos.shape)} -> {tuple(state['pos_embed'].shape)}")
-    key = "patch_embed.proj.weight"
-    weight = state.get(key)
-    if weight is not None and key in target and weight.shape[-2:] != target[key].shape[-2:]:
-        state[key] = resample_patch_embed(weight, list(target[key].shape[-2:]))
-        log(f"patch embedding resized {tuple(weight.shape[-2:])} -> {tuple(target[key].shape[-2:])}")
-
-
 def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bool = False,
                          log: Callable[[str], None] = print) -> None:
     """Load a checkpoint's backbone into ``model``, keeping ``model``'s freshly initialised head
@@ -113,7 +99,8 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
     state = {k: v for k, v in state.items() if not k.startswith(heads)}
     state, kernels = convert_state_dict(state, model)
     _check_class_token(model, state, path)
-    _adapt_embeddings(model, state, log)
+    for note in adapt_embeddings(state, model):
+        log(note)
     target = model.state_dict()
     new = tuple(k for k in target if k not in state and any(m in k for m in STEERING_MARKERS))
     check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
@@ -174,10 +161,11 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     """The trained model of an ssog checkpoint (a run folder: its ``best``), on the CPU.
 
     Built from the run's config, with the classes, channels and input size read off the
-    weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights.
+    weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights. Its
+    ``pretrained_cfg`` holds the run's data config and class names (what timm's
+    ``resolve_data_config(model=...)``, ``save_for_hf`` and the ONNX export read).
     """
-    from ssog.train.builders import build_model
-    from ssog.train.checkpoint import checkpoint_path
+    from ssog.train.builders import apply_data_config, build_model, run_data_config
     from ssog.train.config import TrainConfig
 
     path = checkpoint_path(path, "best")
@@ -199,6 +187,10 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
         model = build_model(cfg, len(classes), stem.shape[1], cfg.img_size or 224)
     check_state_dict(model, weights, f"checkpoint {path}")
     model.load_state_dict(weights)
+    # The data config the run trained with (older checkpoints: resolved from their config).
+    stored = load_checkpoint(path, only=("data_config", "classes"))
+    apply_data_config(model, stored.get("data_config") or run_data_config(cfg, proj.shape[1]),
+                      stored.get("classes") or ())
     return model
 
 
@@ -208,3 +200,45 @@ def _architecture_init(init_from: str | None) -> str | None:
     from ssog.train.builders import TIMM_INIT_PREFIX
 
     return init_from if init_from and init_from.startswith(TIMM_INIT_PREFIX) else None
+
+
+#: What ``timm.models.save_for_hf`` writes (timm's Hugging Face layout).
+HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
+    """Write ``model`` in timm's Hugging Face layout (``config.json`` with its architecture,
+    arguments, data config and class names; ``model.safetensors``) to the new or empty folder
+    ``directory``, through ``timm.models.save_for_hf``, so that
+    ``timm.create_model("local-dir:DIR", pretrained=True)`` (or ``hf-hub:USER/REPO`` once
+    uploaded) rebuilds it. The files are written to a temporary folder beside it and moved
+    there at once; a folder that already holds a model is refused."""
+    from timm.models import save_for_hf as timm_save_for_hf
+
+    directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        held = next((name for name in HF_FILES if (directory / name).exists()), None)
+        what = f"already holds a model ({held})" if held else "is not an empty folder"
+        raise ValueError(f"--output {directory} {what}; choose a new folder")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    labels = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.ssog-tmp", dir=directory.parent))
+    try:
+        timm_save_for_hf(model, tmp, model_config={"label_names": labels} if labels else None,
+                         safe_serialization=True)
+        os.replace(tmp, directory)  # replaces an empty folder too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def save_run_for_hf(checkpoint: str | Path, directory: str | Path, ema: bool = False) -> Path:
+    """A run's trained model (a run folder: its ``best``; ``ema``: its EMA weights) in timm's
+    Hugging Face layout (:func:`save_for_hf`), with the run's data config and class names."""
+    path = checkpoint_path(checkpoint, "best")
+    config = load_checkpoint(path, only=("config",)).get("config") or {}
+    if (config.get("init_from") or "").startswith("timm:"):
+        raise ValueError(f"{path} is a timm model converted to SSoG ({config['init_from']}); timm's layout names "
+                         "an architecture timm can rebuild, which a conversion is not: use ssog.convert on it")
+    return save_for_hf(model_from_checkpoint(path, ema=ema), directory)

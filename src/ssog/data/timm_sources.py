@@ -1,0 +1,471 @@
+"""timm's data sources: every ``timm.data.create_dataset`` name (``hfds/``, ``hfids/``, ``wds/``,
+``tfds/``, ``torch/``) as a training and a validation set.
+
+Map-style sources (``hfds/``: a Hugging Face dataset, ``torch/``: a torchvision data set) are
+read through ``timm.data.create_dataset`` and index like the built-in ones, so they keep
+the exact-resume sampling of :mod:`ssog.data.loader`.
+
+Iterable sources (``wds/``: WebDataset tar shards, ``hfids/``: a streamed Hugging Face
+dataset) are read by :class:`ShardStream`, shard by shard, and resume at shard level: an
+epoch deals the shards, in an order seeded by ``(seed, epoch)``, to the readers (processes x
+loader workers); each reader shuffles each shard's samples in a buffer seeded by ``(seed,
+epoch, shard)``; a checkpoint records how many shards each reader has finished, and a resumed
+run skips those and reads the shard each reader was in again from its start (docs/training.md,
+"Resuming a stream"). timm's own iterable readers keep their shuffle state inside the
+loader's workers, so a run on them can only restart an epoch: hence this reader of our own,
+on webdataset's tar iterator and datasets' shards. ``tfds/`` (TensorFlow datasets) goes
+through timm's reader and resumes at the epoch's start.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import count
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from ssog.data.loader import _seeded, sample_seed
+
+__all__ = [
+    "TIMM_PREFIXES", "ITERABLE_PREFIXES", "is_timm_source", "timm_datasets", "ShardStream", "StreamLoader",
+    "TimmMapDataset", "stream_readers",
+]
+
+TIMM_PREFIXES = ("hfds/", "hfids/", "wds/", "tfds/", "torch/")
+ITERABLE_PREFIXES = ("hfids/", "wds/", "tfds/")
+#: The validation split's name when ``val_split`` is unset (timm's train.py default).
+DEFAULT_VAL_SPLIT = "validation"
+#: Samples a reader holds to shuffle one shard (``dataset_kwargs.shuffle_size``).
+SHUFFLE_SIZE = 1024
+#: Option keys read from ``dataset_kwargs`` by the iterable readers; map-style sources pass
+#: ``dataset_kwargs`` to ``timm.data.create_dataset`` as they are.
+_STREAM_OPTIONS = ("input_key", "target_key", "shuffle_size", "num_samples")
+_EXTRA = "pip install 'ssog[data]'"
+
+
+def is_timm_source(name: str) -> bool:
+    """Whether ``name`` is a ``timm.data.create_dataset`` name with a source prefix."""
+    return name.lower().startswith(TIMM_PREFIXES)
+
+
+def _info(name: str, classes: Sequence[str], in_chans: int, native_size: int):
+    from ssog.data.datasets import DatasetInfo
+
+    # mean/std/crop_pct here only describe the source; a run takes them from its data config.
+    return DatasetInfo(name, len(classes), in_chans, native_size, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
+                       crop_pct=1.0, classes=tuple(classes))
+
+
+def _rgb(image: Image.Image, mode: str) -> Image.Image:
+    return image if image.mode == mode else image.convert(mode)
+
+
+# ---------------------------------------------------------------- map-style: hfds/, torch/
+class TimmMapDataset(Dataset):
+    """A map-style dataset built by ``timm.data.create_dataset`` as ``(PIL image, class index)``
+    pairs, with ``classes`` and ``targets`` (read without decoding images where the source allows)."""
+
+    def __init__(self, dataset: Dataset, classes: Sequence[str], mode: str = "RGB"):
+        self.dataset, self.classes, self.mode = dataset, tuple(classes), mode
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        image, target = self.dataset[index][:2]
+        return _rgb(image, self.mode), int(target)
+
+    @cached_property
+    def targets(self) -> list[int]:
+        if hasattr(self.dataset, "targets"):  # torchvision
+            return [int(t) for t in self.dataset.targets]
+        reader = getattr(self.dataset, "reader", None)
+        if reader is not None and hasattr(reader, "iter_targets"):  # timm's hfds reader: the label column
+            return [int(t) for t in reader.iter_targets()]
+        return [int(self.dataset[i][1]) for i in range(len(self.dataset))]
+
+
+def _map_classes(dataset: Dataset, name: str) -> list[str]:
+    classes = getattr(dataset, "classes", None)
+    if classes is None and getattr(dataset, "reader", None) is not None:
+        mapping = dataset.reader.class_to_idx  # {name: index}
+        classes = sorted(mapping, key=mapping.get)
+    if not classes:
+        raise ValueError(f"dataset {name}: the source does not name its classes; map them with "
+                         "dataset_kwargs.class_map (a file of class names, one a line)")
+    return [str(c) for c in classes]
+
+
+def _create_map(name: str, root: str | None, split: str, download: bool, options: Mapping[str, Any]) -> Dataset:
+    from timm.data import create_dataset
+
+    try:
+        return create_dataset(name, root=root, split=split, download=download, **options)
+    except AssertionError as error:  # timm asserts on unknown torchvision names
+        raise ValueError(f"dataset {name}: {error or 'timm.data.create_dataset does not know it'}") from None
+    except ImportError as error:
+        raise ValueError(f"dataset {name} needs the {error.name} package: {_EXTRA}") from None
+    except (FileNotFoundError, RuntimeError) as error:  # torchvision's "Dataset not found" and friends
+        raise ValueError(f"dataset {name} split {split!r} (data_dir {root}): {error}") from None
+
+
+# ---------------------------------------------------------------- iterable: shards
+def _buffered_shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """``samples`` in an order shuffled within a sliding buffer of ``size`` (webdataset's rule)."""
+    buffer: list[Any] = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) >= size:
+            index = rng.randrange(len(buffer))
+            buffer[index], buffer[-1] = buffer[-1], buffer[index]
+            yield buffer.pop()
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+@dataclass
+class WdsShards:
+    """WebDataset tar shards (local paths or webdataset URLs); a sample is ``KEY.jpg|png|webp``
+    with its class in ``KEY.cls``, or in a ``KEY.json`` field named by ``target_key``."""
+
+    urls: tuple[str, ...]
+    input_key: str = "jpg;png;webp;jpeg"
+    target_key: str | None = None
+    mode: str = "RGB"
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def read(self, shard: int) -> Iterator[dict[str, Any]]:
+        from webdataset.tariterators import tarfile_samples
+
+        yield from tarfile_samples([{"url": self.urls[shard]}])
+
+    def decode(self, sample: dict[str, Any]) -> tuple[Image.Image, int]:
+        key = next((k for k in self.input_key.split(";") if k in sample), None)
+        if key is None:
+            raise ValueError(f"sample {sample.get('__key__')} of {sample.get('__url__')} has no image "
+                             f"({self.input_key.replace(';', ', ')}); it holds {sorted(sample)}")
+        if self.target_key:
+            target = json.loads(sample["json"])[self.target_key]
+        else:
+            target = sample["cls"]
+        with Image.open(io.BytesIO(sample[key])) as image:
+            return image.convert(self.mode), int(target)  # decoded now: the file closes
+
+
+@dataclass
+class HfShards:
+    """The shards (data files) of a streamed Hugging Face dataset split."""
+
+    name: str
+    root: str | None
+    split: str
+    input_key: str = "image"
+    target_key: str = "label"
+    mode: str = "RGB"
+
+    @cached_property
+    def dataset(self):
+        import datasets
+
+        stream = datasets.load_dataset(self.name, split=self.split, streaming=True, cache_dir=self.root)
+        return stream.cast_column(self.input_key, datasets.Image(decode=False))  # decoded after the shuffle
+
+    def __len__(self) -> int:
+        return self.dataset.num_shards
+
+    def __getstate__(self) -> dict[str, Any]:  # to loader workers without the open stream
+        return {k: v for k, v in self.__dict__.items() if k != "dataset"}
+
+    def read(self, shard: int) -> Iterator[dict[str, Any]]:
+        yield from self.dataset.shard(num_shards=len(self), index=shard)
+
+    def decode(self, item: dict[str, Any]) -> tuple[Image.Image, int]:
+        image = item[self.input_key]
+        source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+        with Image.open(source) as decoded:
+            return decoded.convert(self.mode), int(item[self.target_key])  # decoded now: the file closes
+
+
+class ShardStream(IterableDataset):
+    """``(image tensor, class index)`` samples of sharded data, read shard by shard.
+
+    Training (``train=True``): each epoch orders the shards by a permutation seeded by
+    ``(seed, epoch)`` and deals them round-robin to the ``world_size x num_workers`` readers;
+    a reader shuffles each shard's samples in a buffer of ``shuffle_size`` seeded by ``(seed,
+    epoch, shard)``, transforms each sample under RNGs seeded by the sample, and goes round
+    its shards again when they run out (the epoch is cut at ``num_samples // batch`` steps by
+    :class:`StreamLoader`). Each sample also carries its reader and how many of the reader's
+    shards are finished once it is consumed, the position a checkpoint keeps: a reader told
+    by :meth:`set_epoch` that it had finished ``k`` shards starts at its ``k``-th.
+    Evaluation (``train=False``): every shard once, in order, split over the readers.
+    """
+
+    def __init__(self, shards: WdsShards | HfShards, num_samples: int, *, train: bool,
+                 shuffle_size: int = SHUFFLE_SIZE):
+        self.shards, self.num_samples, self.train, self.shuffle_size = shards, num_samples, train, shuffle_size
+        self.transform: Callable | None = None
+        self.seed, self.rank, self.world_size = 0, 0, 1
+        self.epoch, self.finished = 0, {}
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def configure(self, transform: Callable, seed: int, rank: int, world_size: int) -> "ShardStream":
+        self.transform, self.seed, self.rank, self.world_size = transform, seed, rank, world_size
+        return self
+
+    def set_epoch(self, epoch: int, finished: Mapping[int, int] | None = None) -> None:
+        """Read epoch ``epoch``, each reader skipping the ``finished[reader]`` shards it had done."""
+        self.epoch, self.finished = epoch, dict(finished or {})
+
+    def check_readers(self, readers: int) -> None:
+        """A training stream needs a shard for each of its ``readers`` (processes x workers)."""
+        if self.train and len(self.shards) < readers:
+            raise ValueError(f"{len(self.shards)} shard(s) cannot feed {readers} readers (processes x loader "
+                             "workers, num_workers 0 counting as 1); lower num_workers or write more shards")
+
+    def _reader(self) -> tuple[int, int]:
+        worker = get_worker_info()
+        workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
+        return self.rank * workers + worker_id, self.world_size * workers
+
+    def _order(self) -> list[int]:
+        if not self.train:
+            return list(range(len(self.shards)))
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.shards)).tolist()
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        reader, readers = self._reader()
+        mine = self._order()[reader::readers]
+        if not self.train:
+            for shard in mine:
+                for sample in self.shards.read(shard):
+                    image, target = self.shards.decode(sample)
+                    yield self.transform(image), target
+            return
+        for done in count(self.finished.get(reader, 0)):
+            shard = mine[done % len(mine)]
+            rng = random.Random(sample_seed(self.seed, self.epoch, shard))
+            samples = _buffered_shuffle(self.shards.read(shard), self.shuffle_size, rng)
+            previous = next(samples, None)
+            for index in count():
+                if previous is None:
+                    break
+                current = next(samples, None)
+                image, target = self.shards.decode(previous)
+                with _seeded(sample_seed(self.seed, self.epoch, shard * 2**32 + index)):
+                    image = self.transform(image)
+                yield image, target, reader, done + (current is None)
+                previous = current
+
+
+class StreamLoader:
+    """Training batches of an iterable source, ``batches`` per epoch.
+
+    For a :class:`ShardStream` it records each reader's shard position (:meth:`state_dict`),
+    from which :meth:`set_epoch` resumes; timm's own iterable datasets (``tfds/``) restart
+    the epoch's stream (:attr:`resumes_in_epoch` is False).
+    """
+
+    def __init__(self, loader: DataLoader, batches: int, readers: int):
+        self.loader, self.dataset, self.batches, self.readers = loader, loader.dataset, batches, readers
+        self.resumes_in_epoch = isinstance(self.dataset, ShardStream)
+        self.start, self.finished = 0, {}
+
+    def __len__(self) -> int:
+        return self.batches - self.start
+
+    def set_epoch(self, epoch: int, batch: int = 0) -> None:
+        """Start epoch ``epoch`` at batch ``batch``: from the positions of :meth:`load_state_dict`,
+        or, for a new epoch (``batch`` 0), every reader at its first shard."""
+        if batch == 0:
+            self.finished = {}
+        self.start = batch
+        if self.resumes_in_epoch:
+            self.dataset.set_epoch(epoch, self.finished)
+        else:
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = iter(self.loader)
+        for _ in range(self.batches - self.start):
+            images, targets, *position = next(batches)
+            if position:
+                reader, finished = position
+                self.finished[int(reader[-1])] = int(finished[-1])
+            yield images, targets
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"readers": self.readers, "finished": dict(self.finished)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> bool:
+        """Take a checkpoint's positions; False when they cannot be used (another number of
+        readers, processes x loader workers, or a source that restarts its epochs)."""
+        self.finished = {}
+        if not self.resumes_in_epoch or state.get("readers") != self.readers:
+            return False
+        self.finished = {int(k): int(v) for k, v in state["finished"].items()}
+        return True
+
+
+# ---------------------------------------------------------------- iterable sources
+def _split_urls(root: str, split: str) -> tuple[list[str], int | None, dict[str, Any]]:
+    """timm's WebDataset split syntax: a name in ``root/_info.json`` (``splits: {name: {filenames,
+    num_samples}}``), or shard names in brace notation with ``|count`` (``train-{0000..0146}.tar|1281167``)."""
+    from webdataset.shardlists import expand_urls
+
+    info: dict[str, Any] = {}
+    for candidate in ("_info.json", "info.json"):
+        path = Path(root) / candidate
+        if path.is_file():
+            info = json.loads(path.read_text())
+            break
+    if ".tar" in split or ".." in split:
+        pattern, _, samples = split.partition("|")
+        names, num_samples = expand_urls(pattern), int(samples) if samples else None
+    else:
+        splits = info.get("splits") or {}
+        if split not in splits:
+            raise ValueError(f"WebDataset {root}: no split {split!r} in its _info.json (splits: {sorted(splits)}); "
+                             "name a split there, or give shards as NAME-{0000..0099}.tar|SAMPLES")
+        names, num_samples = list(splits[split]["filenames"]), splits[split].get("num_samples")
+    urls = [name if "://" in name or name.startswith(("/", "pipe:")) else str(Path(root) / name) for name in names]
+    return urls, num_samples, info
+
+
+def _stream(name: str, root: str | None, split: str, train: bool, options: Mapping[str, Any],
+            num_classes: int | None) -> tuple[ShardStream, list[str]]:
+    prefix, _, source = name.partition("/")
+    stream_options = {k: options[k] for k in _STREAM_OPTIONS if options.get(k) is not None}
+    keys = {k: stream_options[k] for k in ("input_key", "target_key") if k in stream_options}
+    if prefix.lower() == "wds":
+        try:
+            import webdataset  # noqa: F401
+        except ImportError:
+            raise ValueError(f"dataset {name} needs the webdataset package: {_EXTRA}") from None
+        base = root or source
+        if not base:
+            raise ValueError(f"dataset {name}: give the shards' folder as data_dir")
+        urls, num_samples, info = _split_urls(base, split)
+        shards = WdsShards(tuple(urls), **keys)
+        classes = info.get("classes") or [str(c) for c in range(num_classes or info.get("num_classes") or 0)]
+    else:
+        try:
+            import datasets  # noqa: F401
+        except ImportError:
+            raise ValueError(f"dataset {name} needs the datasets package: {_EXTRA}") from None
+        shards = HfShards(source, root, split, **keys)
+        try:
+            features = shards.dataset.features
+        except ValueError as error:  # datasets' unknown split
+            raise ValueError(f"dataset {name}: {error}") from None
+        label = features.get(shards.target_key) if features else None
+        classes = list(getattr(label, "names", None) or [str(c) for c in range(num_classes or 0)])
+        num_samples = _hf_num_samples(shards) if "num_samples" not in stream_options else None
+    num_samples = stream_options.get("num_samples", num_samples)
+    if not num_samples:
+        raise ValueError(f"dataset {name} split {split!r}: the number of samples is unknown; set "
+                         "dataset_kwargs.num_samples (the schedule needs the steps per epoch)")
+    if num_classes is not None:
+        classes = classes if len(classes) == num_classes else [str(c) for c in range(num_classes)]
+    stream = ShardStream(shards, int(num_samples), train=train,
+                         shuffle_size=int(stream_options.get("shuffle_size", SHUFFLE_SIZE)))
+    return stream, classes
+
+
+def _hf_num_samples(shards: HfShards) -> int:
+    """A streamed split's length: its metadata's, else counted from the label column alone."""
+    info = shards.dataset.info
+    split = (info.splits or {}).get(shards.split)
+    if split is not None and split.num_examples:
+        return split.num_examples
+    return sum(1 for _ in shards.dataset.select_columns([shards.target_key]))
+
+
+def _timm_iterable(name: str, root: str | None, split: str, train: bool, download: bool, seed: int,
+                   options: Mapping[str, Any]) -> Dataset:
+    """``tfds/``: timm's own reader (TensorFlow datasets), which resumes at the epoch's start."""
+    from timm.data import create_dataset
+
+    try:
+        return create_dataset(name, root=root, split=split, is_training=train, download=download, seed=seed,
+                              **options)
+    except ImportError as error:
+        raise ValueError(f"dataset {name} needs the {error.name} package (pip install tensorflow "
+                         "tensorflow-datasets)") from None
+
+
+# ---------------------------------------------------------------- entry
+def timm_datasets(
+    name: str,
+    root: str | None,
+    *,
+    train_split: str = "train",
+    val_split: str | float | int | None = None,
+    split_seed: int = 0,
+    download: bool = False,
+    seed: int = 0,
+    num_classes: int | None = None,
+    options: Mapping[str, Any] | None = None,
+):
+    """The ``(train, val, info)`` of a ``timm.data.create_dataset`` name.
+
+    ``val_split``: the validation split's name (default ``validation``), or for a map-style
+    source a fraction / count split off the training split (stratified, seeded by
+    ``split_seed``). ``options`` (``dataset_kwargs``) go to ``create_dataset`` for map-style
+    sources (``class_map``, ``input_key``, ``target_key``, ...); the iterable readers take
+    ``input_key``, ``target_key``, ``shuffle_size`` and ``num_samples``. ``num_classes`` sets
+    the class count where the source does not say it (WebDataset without ``classes`` in its
+    ``_info.json``).
+    """
+    from ssog.data.datasets import _split
+
+    options = dict(options or {})
+    prefix = name.partition("/")[0].lower() + "/"
+    named_val = val_split if isinstance(val_split, str) else DEFAULT_VAL_SPLIT if val_split is None else None
+    if prefix in ITERABLE_PREFIXES:
+        if named_val is None:
+            raise ValueError(f"dataset {name} is read as a stream: val_split must name its validation split "
+                             f"(e.g. {DEFAULT_VAL_SPLIT}), not a fraction or count to split off")
+        if prefix == "tfds/":
+            train = _timm_iterable(name, root, train_split, True, download, seed, options)
+            val = _timm_iterable(name, root, named_val, False, download, seed, options)
+            classes = [str(c) for c in range(num_classes or 0)]
+        else:
+            train, classes = _stream(name, root, train_split, True, options, num_classes)
+            val, _ = _stream(name, root, named_val, False, options, num_classes)
+        if len(classes) < 2:
+            raise ValueError(f"dataset {name}: cannot tell the number of classes; set num_classes")
+        return train, val, _info(name, classes, 3, 0)
+    train = _create_map(name, root, train_split, download, options)
+    try:
+        classes = _map_classes(train, name)
+    except ValueError:
+        if num_classes is None:
+            raise
+        classes = []
+    if num_classes is not None and len(classes) != num_classes:
+        classes = [str(c) for c in range(num_classes)]
+    train = TimmMapDataset(train, classes)
+    if named_val is None:
+        train, val = _split(train, train.targets, val_split, split_seed)
+    else:
+        val = TimmMapDataset(_create_map(name, root, named_val, download, options), classes)
+    image = (train.dataset if hasattr(train, "indices") else train)[0][0]
+    return train, val, _info(name, classes, len(image.getbands()), max(image.size))
+
+
+def stream_readers(world_size: int, num_workers: int) -> int:
+    """How many readers share a stream: processes x loader workers (0 workers: the process)."""
+    return world_size * max(1, num_workers)
