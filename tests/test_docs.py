@@ -1,4 +1,5 @@
-"""Every Python block of README.md and docs/ runs as written.
+"""Every Python block of README.md and docs/ runs as written, and every `$ ssog ...` console
+block shows what the command prints.
 
 Each block runs alone, in a fresh namespace and an empty working folder, unless its first
 line is ``# continues the block above`` (it then runs in the namespace of the block before
@@ -9,6 +10,7 @@ extra (ssog's ``ImportError`` that says ``pip install 'ssog[...]'``).
 from __future__ import annotations
 
 import re
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -82,3 +84,26 @@ def test_blocks_continue_or_are_skipped_as_their_first_line_says(tmp_path):
         run_block(page, 2)
     with pytest.raises(NameError):
         run_block(page, 3)  # alone: x is not defined
+
+
+def console_commands(page: Path) -> list[tuple[str, str]]:
+    """``(command, output)`` of each ``$ ssog ...`` line of the page's console blocks."""
+    pairs = []
+    for block in re.findall(r"^```console\n(.*?)^```", page.read_text(), flags=re.S | re.M):
+        for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = chunk.partition("\n")
+            pairs.append((command, output))
+    return pairs
+
+
+COMMANDS = [(page, command, output) for page in PAGES for command, output in console_commands(page)]
+
+
+@pytest.mark.parametrize(("page", "command", "output"), COMMANDS, ids=[c for _, c, _ in COMMANDS])
+def test_console_output_is_what_the_command_prints(page, command, output, capsys):
+    from ssog.cli import main
+
+    program, *args = shlex.split(command)
+    assert program == "ssog", f"{page.name}: console blocks show ssog commands, got {command!r}"
+    assert main(args) == 0
+    assert capsys.readouterr().out == output, f"{page.name}: regenerate the output of `{command}`"
