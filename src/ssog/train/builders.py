@@ -14,7 +14,7 @@ from ssog.data import (
     DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
     training_subset,
 )
-from ssog.train.config import TrainConfig
+from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
 __all__ = ["DataBundle", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS"]
@@ -102,10 +102,6 @@ def build_eval_data(cfg: TrainConfig, ctx: DistContext, split: str = "val",
         dataset = val_base if split == "val" else train_base
     img_size = cfg.img_size or info.native_size
     return _eval_loader(dataset, info, img_size, _local_batch(cfg, ctx), cfg, ctx), info
-
-
-#: ``init_from`` of a run that starts from a timm VisionTransformer converted to SSoG.
-TIMM_INIT_PREFIX = "timm:"
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int,

@@ -27,6 +27,8 @@ __all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "re
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
 # digits then train several times slower.
 DEFAULT_MODEL = "ssog_vit_digits_patch2_8"
+#: ``init_from`` of a run whose model is timm's ``NAME`` converted to SSoG (``timm:NAME``).
+TIMM_INIT_PREFIX = "timm:"
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
 
@@ -99,6 +101,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model_kwargs is None:  # `model_kwargs:` left empty in a recipe
             self.model_kwargs = {}
+        if self.init_from and self.init_from.startswith(TIMM_INIT_PREFIX):
+            self.model = self._timm_init_model()
         self.validate()
 
     def validate(self) -> None:
@@ -139,6 +143,17 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad training config: {message}")
+
+    def _timm_init_model(self) -> str:
+        """The model a ``timm:NAME`` start builds: NAME, so logs, summaries and the saved config
+        name the model trained. Another ``model`` set with it would be ignored: an error."""
+        name = self.init_from[len(TIMM_INIT_PREFIX):]
+        if self.model not in (DEFAULT_MODEL, name):
+            raise ValueError(
+                f"bad training config: init_from {self.init_from} trains timm's {name} converted to SSoG, "
+                f"so model {self.model!r} would be ignored; leave model unset or set it to {name}"
+            )
+        return name
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -42,9 +42,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ssog.data import get_augmentation
-from ssog.train.builders import TIMM_INIT_PREFIX, build_data, build_model
+from ssog.train.builders import build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
-from ssog.train.config import TrainConfig
+from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
 from ssog.train.logger import RunLogger, logging_backends, progress_bar, write_text_atomic
 from ssog.train.metrics import GradNormMeter, autocast, evaluate
