@@ -1,4 +1,6 @@
-"""``torch.compile(fullgraph=True)`` and ONNX export of the three families.
+"""Every export path of the three families: ``torch.compile(fullgraph=True)``,
+``torch.jit.trace``, ``torch.export`` with a dynamic batch, ONNX; and what cannot be recorded
+says so in one line.
 
 Compiled with the ``aot_eager`` backend: whole-graph capture by dynamo and the AOT autograd
 graph are what can break (as torchdiffeq's data-dependent checks did); inductor's code
@@ -11,10 +13,26 @@ import timm
 import torch
 
 from ssog.export import export_onnx, missing_export_packages
+from ssog.layers import ssog_mixers
 from ssog.models import list_models  # noqa: F401  (registers the models)
 
 FAMILIES = ("vit", "loopvit", "odevit")
 SMALL = dict(embed_dim=16, num_heads=2)
+#: The mixers every export path must record: attention, fixed SSoG, steered SSoG (every part).
+MIXERS = {"mha": ("mha", {}), "fixed": ("ssog", {}),
+          "steered": ("ssog", dict(steer=("mu", "sigma", "lambda"), steer_gate_init=0.0))}
+
+
+#: One block application per family (recording takes time in proportion to the graph).
+ONE_APPLICATION = {"vit": dict(depth=1), "loopvit": dict(num_loops=1), "odevit": dict(nfe=1)}
+
+
+def _model(family: str, mixer: str, **kwargs):
+    """A tiny model of ``family`` with ``mixer``, one block application unless ``kwargs`` say."""
+    op, options = MIXERS[mixer]
+    torch.manual_seed(0)
+    size = {} if "solver" in kwargs or "nfe" in kwargs else ONE_APPLICATION[family]
+    return timm.create_model(f"{op}_{family}_micro_patch1_8", **SMALL, **options, **{**size, **kwargs}).eval()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -52,9 +70,123 @@ def test_onnx_export_with_dynamic_batch_matches_eager(tmp_path, family):
 
 
 @needs_export
+def test_onnx_export_of_a_steered_model_matches_eager(tmp_path):
+    result = export_onnx(_model("vit", "steered"), tmp_path / "steered.onnx", (1, 8, 8))
+    assert result["verified_batch_size"] == 3 and result["max_abs_diff"] <= 1e-4
+
+
+@needs_export
+def test_onnx_export_that_fails_its_check_leaves_no_file(tmp_path, monkeypatch):
+    import ssog.export
+
+    def mismatch(*args, **kwargs):
+        raise RuntimeError("onnxruntime's output differs")
+
+    monkeypatch.setattr(ssog.export, "verify_onnx", mismatch)
+    with pytest.raises(RuntimeError, match="differs"):
+        export_onnx(_model("vit", "mha"), tmp_path / "model.onnx", (1, 8, 8))
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_export
+def test_onnx_export_of_an_adaptive_solver_refuses_in_one_line(tmp_path):
+    with pytest.raises(ValueError, match="cannot record the adaptive solver 'dopri5'"):
+        export_onnx(_model("odevit", "fixed", solver="dopri5"), tmp_path / "model.onnx", (1, 8, 8))
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_export
 def test_cli_export_verifies_a_model(tmp_path, capsys):
     from ssog.cli import main
 
     output = tmp_path / "vit.onnx"
     assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(output)]) == 0
     assert output.is_file() and "onnxruntime on batch 3 matches PyTorch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_jit_trace_runs_at_another_batch_like_eager(family, mixer, grad):
+    """A traced model is a graph of torch ops for any batch: no cached matrix, no cpp call,
+    no block sizes, key windows or autograd.Function of the example (the matrix cache's key
+    used to fail here with an INTERNAL ASSERT, the kernels' Function with unordered_map::at)."""
+    model = _model(family, mixer)
+    with torch.set_grad_enabled(grad):
+        model(torch.randn(2, 1, 8, 8))  # eager first: a cached inference matrix must not leak into the graph
+        traced = torch.jit.trace(model, torch.randn(2, 1, 8, 8))
+        images = torch.randn(3, 1, 8, 8)
+        torch.testing.assert_close(traced(images), model(images), rtol=1e-5, atol=1e-6)
+        if mixer == "fixed":  # the graph reads the parameters, as eager does after a change
+            with torch.no_grad():
+                for module in ssog_mixers(model):
+                    module.mu.add_(0.5)
+            torch.testing.assert_close(traced(images), model(images), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_torch_export_keeps_the_batch_dynamic_without_choosing_a_backend(family, mixer):
+    """``auto`` used to weigh dense against separable by the example's batch (a guard that
+    violated the dynamic batch); it now chooses from the grid alone under a symbolic batch."""
+    model = _model(family, mixer)
+    program = torch.export.export(model, (torch.randn(2, 1, 8, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    images = torch.randn(5, 1, 8, 8)
+    torch.testing.assert_close(program.module()(images), model(images), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["separable", "local"])
+def test_separable_blocks_sized_for_one_image_record_one_graph_for_every_batch(backend, monkeypatch):
+    from ssog.ops import backends
+
+    monkeypatch.setattr(backends, "SEPARABLE_BLOCK_BYTES", 2048)  # several blocks of query rows
+    model = _model("vit", "fixed", backend=backend)
+    example, images = torch.randn(2, 1, 8, 8), torch.randn(3, 1, 8, 8)
+    traced = torch.jit.trace(model, example)
+    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    for recorded in (traced, program.module()):
+        torch.testing.assert_close(recorded(images), model(images), rtol=1e-5, atol=1e-6)
+
+
+def test_what_cannot_be_recorded_says_what_to_use():
+    images = torch.randn(2, 1, 8, 8)
+    adaptive = _model("odevit", "fixed", solver="dopri5")
+    for record in (lambda: torch.jit.trace(adaptive, images), lambda: torch.export.export(adaptive, (images,))):
+        with pytest.raises(ValueError, match=r"cannot record the adaptive solver 'dopri5'.*configure_solver\('rk4'"):
+            record()
+    for mixer in ("mha", "fixed"):
+        with pytest.raises(RuntimeError, match=r"torch.jit.script cannot compile .*torch.jit.trace\(model, images\)"):
+            torch.jit.script(_model("vit", mixer))
+
+
+def test_adjoint_models_trace_their_steps():
+    model = _model("odevit", "fixed", adjoint=True)
+    traced = torch.jit.trace(model, torch.randn(2, 1, 8, 8))
+    images = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(traced(images), model(images), rtol=1e-5, atol=1e-6)
+
+
+def test_adaptive_solver_through_timm_ignores_the_presets_nfe():
+    model = timm.create_model("ssog_odevit_micro_patch1_8", solver="dopri5", rtol=1e-2, atol=1e-3, **SMALL)
+    assert (model.solver, model.steps, model.rtol, model.atol) == ("dopri5", None, 1e-2, 1e-3)
+    assert model.config()["nfe"] is None
+    model(torch.randn(1, 1, 8, 8))
+    assert model.nfe >= 6  # dopri5's evaluations follow the tolerances
+    model.configure_solver("euler")
+    assert model.config()["nfe"] == 4  # the preset's evaluations, for a fixed-step solver again
+    with pytest.raises(ValueError, match="'dopri5' is adaptive: its evaluations follow rtol/atol, nfe cannot be set"):
+        timm.create_model("ssog_odevit_micro_patch1_8", solver="dopri5", nfe=12)
+
+
+def test_steering_state_dict_keeps_the_parameter_names():
+    """``lambda`` steering lives under ``lambda_`` (torch.fx writes module paths as Python);
+    checkpoints still name it ``lambda``, and old ones load."""
+    model = _model("vit", "steered")
+    keys = list(model.state_dict())
+    assert "blocks.0.attn.steer_proj.lambda.weight" in keys and "blocks.0.attn.steer_gate.lambda" in keys
+    assert not any("lambda_" in key for key in keys)
+    other = _model("vit", "steered")
+    other.load_state_dict(model.state_dict())
+    for (name, a), b in zip(model.named_parameters(), other.parameters()):
+        assert torch.equal(a, b), name

@@ -69,12 +69,15 @@ def test_init_from_timm_builds_the_converted_model():
     from ssog.train import TrainConfig
     from ssog.train.builders import build_model
 
-    cfg = TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:vit_tiny_patch16_224",
-                      model_kwargs={"num_atoms": 2}, dataset="synthetic", img_size=32)
+    cfg = TrainConfig(init_from="timm:vit_tiny_patch16_224", model_kwargs={"num_atoms": 2}, dataset="synthetic",
+                      img_size=32)
+    assert cfg.model == "vit_tiny_patch16_224"  # what logs, summary.json and config.yaml name
     model = build_model(cfg, num_classes=4, in_chans=3, img_size=32)
     assert type(model).__name__ == "VisionTransformer" and model.num_classes == 4
     assert all(isinstance(block.attn, ConvertedAttention) and block.attn.num_atoms == 2 for block in model.blocks)
-    bad = TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:no_such_vit", dataset="synthetic")
+    with pytest.raises(ValueError, match="model 'ssog_vit_tiny_patch4_32' would be ignored; leave model unset"):
+        TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:vit_tiny_patch16_224")
+    bad = TrainConfig(init_from="timm:no_such_vit", dataset="synthetic")
     with pytest.raises(ValueError, match="timm has no model 'no_such_vit'"):
         build_model(bad, num_classes=4, in_chans=3, img_size=32)
 

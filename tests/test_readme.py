@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -22,9 +21,3 @@ def test_readme_opens_with_main_job_then_tests():
     assert commands[0].endswith("ssog train")
     assert commands[1].endswith("pytest -q")
 
-
-@pytest.mark.parametrize("index", range(len(re.findall(r"```python\n", README))))
-def test_python_examples_run(index):
-    block = re.findall(r"```python\n(.*?)```", README, flags=re.S)[index]
-    namespace: dict = {}
-    exec(compile(block, f"README.md python block {index}", "exec"), namespace)

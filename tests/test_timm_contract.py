@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 import tarfile
@@ -176,20 +175,3 @@ def test_prune_intermediate_layers_stops_after_the_last_requested_state(family):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(final, model.forward_features(x))
 
-
-def _ecosystem_examples() -> list[str]:
-    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
-    section = text.split("## Ecosystem:", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
-
-
-def test_docs_ecosystem_examples_run():
-    from ssog.export import missing_export_packages
-
-    if missing_export_packages():
-        pytest.skip(f"the ONNX example needs {', '.join(missing_export_packages())} (the export extra)")
-    namespace: dict = {}
-    for index, block in enumerate(_ecosystem_examples()):  # one namespace: later blocks use earlier imports
-        exec(compile(block, f"docs/models.md ecosystem block {index}", "exec"), namespace)
-    assert len(namespace["maps"]) == 3 and namespace["scales"] == [0.5625, 0.75, 1.0]
-    assert namespace["logits"].shape == (2, 10)

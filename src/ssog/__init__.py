@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.metadata
 import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+try:  # one home for the version: pyproject.toml, through the installed package's metadata
+    __version__ = importlib.metadata.version(__name__)
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 #: Public names and the subpackage that defines each.
 _EXPORTS = {

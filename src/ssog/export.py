@@ -37,10 +37,13 @@ def export_onnx(
 ) -> dict[str, Any]:
     """Export ``model`` (eval mode, fp32, CPU) to ONNX at ``path`` and verify it.
 
-    ``input_size`` is ``(C, H, W)``; the batch dimension is dynamic. Raises ``RuntimeError``
-    (with the largest difference) when onnxruntime's output differs from eager by more than
-    ``atol``, ``ImportError`` naming the missing packages. The model's data config (input size,
-    mean/std, crop_pct, interpolation) goes into the file's metadata. Returns the check's summary.
+    ``input_size`` is ``(C, H, W)``; the batch dimension is dynamic. Fixed and steered SSoG
+    and MHA, every family; the continuous one with a fixed-step solver (an adaptive one
+    raises ``ValueError``). The model's data config (input size, mean/std, crop_pct,
+    interpolation) goes into the file's metadata. Raises ``RuntimeError`` (with the largest
+    difference) when onnxruntime's output differs from eager by more than ``atol``, after
+    removing the file, and ``ImportError`` naming the missing packages. Returns the check's
+    summary.
     """
     missing = missing_export_packages()
     if missing:
@@ -50,23 +53,28 @@ def export_onnx(
     example = torch.randn(batch_size, *input_size, generator=generator)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.backends.any_batch).
     batch = torch.export.Dim("batch", min=1)
-    pinned = _pin_auto_backends(model)
     try:
         with torch.no_grad():
             program = torch.onnx.export(
                 model, (example,), dynamo=True, dynamic_shapes=({0: batch},), input_names=["images"],
                 output_names=["logits"], verbose=False,
             )
-    finally:
-        for module, backend in pinned:
-            module.backend = backend
+    except torch.onnx.OnnxExporterError as error:
+        if isinstance(error.__cause__, ValueError):  # the model's own one-line refusal (an adaptive solver)
+            raise error.__cause__ from None
+        raise
     program.save(str(path))
-    metadata = _write_data_config(path, model, input_size)
     # Another batch size than the traced one: the batch dimension must really be dynamic.
     check = torch.randn(batch_size + 1, *input_size, generator=generator)
-    return {"path": str(path), "input_size": list(input_size), "metadata": metadata,
-            **verify_onnx(model, path, check, atol=atol)}
+    try:
+        metadata = _write_data_config(path, model, input_size)
+        verified = verify_onnx(model, path, check, atol=atol)
+    except BaseException:
+        path.unlink(missing_ok=True)  # a file that does not compute the model is not left behind
+        raise
+    return {"path": str(path), "input_size": list(input_size), "metadata": metadata, **verified}
 
 
 def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int, int]) -> dict[str, str]:
@@ -86,24 +94,6 @@ def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int,
     onnx.helper.set_model_props(proto, metadata)
     onnx.save(proto, str(path))
     return metadata
-
-
-def _pin_auto_backends(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    """Fix each ``backend="auto"`` SSoG layer to a backend whose graph does not depend on the batch.
-
-    Auto's cost model, and the separable backend's block sizes, are computed from the batch
-    size; with a symbolic batch they become guards that pin the exported batch dimension.
-    The dense backend builds each head's matrix once and multiplies every image by it: the
-    same graph for every batch. Returns what to restore.
-    """
-    from .layers import SSoGAttention
-
-    pinned = []
-    for module in model.modules():
-        if isinstance(module, SSoGAttention) and module.backend == "auto":
-            pinned.append((module, module.backend))
-            module.backend = "dense"
-    return pinned
 
 
 def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: float = 1e-4) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def mixer_kernel_statistics(mixer: SSoGAttention) -> dict[str, Any]:
         "sigma": sigma.tolist(),
         "weight": weight.tolist(),
         "steer": list(mixer.steer),
-        "steer_gates": {name: torch.sigmoid(gate.detach()).tolist() for name, gate in mixer.steer_gate.items()},
+        "steer_gates": {name: torch.sigmoid(mixer.steer_gate_of(name).detach()).tolist() for name in mixer.steer},
     }
 
 

@@ -13,6 +13,8 @@ import signal
 import sys
 from typing import Sequence
 
+from ssog import __version__  # the installed metadata's (pyproject.toml)
+
 COMMANDS: tuple[str, ...] = (
     "info",
     "flops",
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ssog",
         description="SSoG: separable sum-of-Gaussians token mixing for Vision Transformers.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(subparsers)

@@ -14,8 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Export to ONNX with torch.onnx.export(dynamo=True) and a dynamic batch dimension, "
                     "then run the file in onnxruntime on another batch size and compare it with PyTorch "
                     "(max abs difference <= --atol) before reporting success. Needs the export extra: "
-                    "pip install 'ssog[export]'. Fixed (unsteered) SSoG, MHA, all three families; "
-                    "the continuous family with a fixed-step solver and without the adjoint.",
+                    "pip install 'ssog[export]'. Fixed and steered SSoG, MHA, all three families; "
+                    "the continuous family with a fixed-step solver. A file that fails the check is removed.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a registered model name (random weights), e.g. ssog_vit_tiny_patch4_32")

@@ -47,7 +47,7 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
     ("--init-from", "init_from", str, "start from this checkpoint's (or run folder's best) backbone, with a new "
                                       "head, its attention converted where the model is SSoG; or timm:NAME, "
                                       "timm's ViT NAME converted to SSoG (ssog.convert; "
-                                      "pretrained where a hub is reachable)"),
+                                      "pretrained where a hub is reachable), the run's model then being NAME"),
     ("--wandb-project", "wandb_project", str, "log to this Weights & Biases project"),
 ]
 _FLAGS: list[tuple[str, str, str]] = [

@@ -1,7 +1,17 @@
-"""Prefix-token rows shared by the token mixers' mixing matrices."""
+"""What the token mixers share: prefix-token rows of their mixing matrices, the TorchScript refusal."""
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
+
+
+def refuse_torchscript(module: nn.Module) -> nn.Module:
+    """The mixers' ``__prepare_scriptable__``, which ``torch.jit.script`` calls on every module
+    before compiling it: their Python (shape checks, backend dispatch) is not TorchScript, so
+    one line saying what records or compiles them replaces the compiler's error deep inside."""
+    raise RuntimeError(
+        f"torch.jit.script cannot compile ssog's {type(module).__name__}; record the model with "
+        "torch.jit.trace(model, images) or torch.export.export(model, (images,)), or compile it with torch.compile"
+    )
 
 
 def prefix_mean_rows(patch_block: Tensor, num_prefix_tokens: int) -> Tensor:

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..ops.checks import check_heads, check_tokens
+from ._tokens import refuse_torchscript
 
 
 class MultiHeadAttention(nn.Module):
@@ -41,6 +42,8 @@ class MultiHeadAttention(nn.Module):
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
         qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return qkv.unbind(0)  # each (B, H, T, d)
+
+    __prepare_scriptable__ = refuse_torchscript
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         """``x (B, T, dim)`` -> same shape."""

@@ -14,9 +14,15 @@ from ..ops import ssog_matrix
 from ..ops.backends import apply_fixed_matrix
 from ..ops.checks import check_mixer_options, check_steer, check_tokens
 from ..ops.functional import _ssog_mix_unchecked, choose_backend, forced_backend_name
-from ._tokens import prefix_mean_rows
+from ..ops.kernels import capturing_graph
+from ._tokens import prefix_mean_rows, refuse_torchscript
 
 STEERABLE = ("mu", "sigma", "lambda")
+#: The key of each steered parameter in ``steer_proj`` / ``steer_gate``: its name, but for
+#: ``lambda``, a Python keyword, which code that torch.fx generates (``torch.export``'s
+#: ``ExportedProgram.module()``, ONNX export) writes as an attribute and cannot compile.
+#: State dicts keep the name (``steer_proj.lambda.weight``): see :func:`_state_dict_names`.
+STEER_KEYS = {"mu": "mu", "sigma": "sigma", "lambda": "lambda_"}
 #: How the fixed centres ``mu`` start (:func:`initial_centres`).
 CENTRE_INITS = ("ring", "normal", "zero")
 #: How the fixed widths ``sigma`` start (:func:`initial_widths`).
@@ -214,12 +220,15 @@ class SSoGAttention(nn.Module):
 
         components = {"mu": 2, "sigma": 2, "lambda": 1}
         self.steer_proj = nn.ModuleDict(
-            {name: nn.Linear(dim, num_heads * num_atoms * components[name], bias=False, **dd)
+            {STEER_KEYS[name]: nn.Linear(dim, num_heads * num_atoms * components[name], bias=False, **dd)
              for name in self.steer}
         )
         self.steer_gate = nn.ParameterDict(
-            {name: nn.Parameter(torch.full((num_heads,), float(steer_gate_init), **dd)) for name in self.steer}
+            {STEER_KEYS[name]: nn.Parameter(torch.full((num_heads,), float(steer_gate_init), **dd))
+             for name in self.steer}
         )
+        self.register_state_dict_post_hook(_state_dict_names)
+        self.register_load_state_dict_pre_hook(_module_names)
         # (key, A) of the last fixed mixing matrix built without gradients: see _inference_matrix.
         self._matrix_cache: tuple[tuple, Tensor] | None = None
 
@@ -231,6 +240,10 @@ class SSoGAttention(nn.Module):
     def weight(self) -> Tensor:
         """Fixed mixture weights ``(H, R)``."""
         return self.logits.softmax(dim=-1)
+
+    def steer_gate_of(self, name: str) -> Tensor:
+        """The gate logits ``alpha (H,)`` of the steered parameter ``name`` (``"mu"``, ``"sigma"``, ``"lambda"``)."""
+        return self.steer_gate[STEER_KEYS[name]]
 
     def kernel_parameters(self) -> dict[str, Tensor]:
         """The fixed (unsteered) mixture: ``mu, sigma (H, R, 2)`` and ``weight (H, R)``."""
@@ -255,9 +268,9 @@ class SSoGAttention(nn.Module):
             # eager CPU kernel lays its output out like the gradient and its fake-tensor rule
             # like the input (PyTorch 2.14), and a view that torch.compile's backward graph
             # traced from the fake strides fails at run time. The copy is B*N*H*R*c numbers.
-            out = self.steer_proj[name](patches).view(batch, n, heads, atoms, components).transpose(1, 2)
+            out = self.steer_proj[STEER_KEYS[name]](patches).view(batch, n, heads, atoms, components).transpose(1, 2)
             out = out.contiguous()
-            gate = torch.sigmoid(self.steer_gate[name]).view(1, heads, 1, 1, 1)
+            gate = torch.sigmoid(self.steer_gate_of(name)).view(1, heads, 1, 1, 1)
             return gate * out  # (B, H, N, R, components)
 
         shape = (batch, heads, n, atoms)
@@ -288,6 +301,8 @@ class SSoGAttention(nn.Module):
         self.steer_radius = (self.steer_radius[0] * scale[0], self.steer_radius[1] * scale[1])
 
     # ------------------------------------------------------------------ forward
+    __prepare_scriptable__ = refuse_torchscript
+
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         """``x (B, P + Hg*Wg, dim)`` -> same shape."""
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
@@ -310,13 +325,15 @@ class SSoGAttention(nn.Module):
         """The fixed ``A (H, N, N)`` for ``values (B, H, N, d)``, kept between calls, when the
         dense backend with a prebuilt ``A`` is the cheapest way to mix them; else ``None``.
 
-        Only without gradients (inference, evaluation), for fixed kernels, outside
-        ``torch.compile`` and :func:`ssog.ops.forced_backend`. On small grids, building the
-        kernels and the separable path's blocks cost more than one GEMM with a prebuilt
-        ``A`` (1.9x at 14x14, docs/results/operator.md, "Inference with a prebuilt A"), and
-        with fixed kernels ``A`` only changes when the parameters do (:meth:`_mixture_key`).
+        Only without gradients (inference, evaluation), for fixed kernels, outside graph
+        capture (``torch.compile``, ``torch.export``, ``torch.jit.trace``: a graph must build
+        ``A`` from the parameters, not hold a cached copy) and :func:`ssog.ops.forced_backend`.
+        On small grids, building the kernels and the separable path's blocks cost more than
+        one GEMM with a prebuilt ``A`` (1.9x at 14x14, docs/results/operator.md, "Inference
+        with a prebuilt A"), and with fixed kernels ``A`` only changes when the parameters do
+        (:meth:`_mixture_key`).
         """
-        if self.steer or torch.is_grad_enabled() or torch.compiler.is_compiling() or forced_backend_name():
+        if self.steer or torch.is_grad_enabled() or capturing_graph() or forced_backend_name():
             return None
         if self.backend not in ("auto", "dense"):
             return None
@@ -363,6 +380,28 @@ class SSoGAttention(nn.Module):
             f"dim={self.dim}, num_heads={self.num_heads}, num_atoms={self.num_atoms}, "
             f"sigma_min={self.sigma_min}, steer={steer}, backend={self.backend}"
         )
+
+
+def _renamed(state_dict: dict[str, Tensor], prefix: str, names: dict[str, str]) -> None:
+    """Rename, in place, the steering entries ``prefix + {steer_proj,steer_gate}.OLD...`` to NEW.
+    Every entry under ``prefix`` is re-inserted in its order, so the layer's entries keep theirs."""
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        container, _, rest = key[len(prefix):].partition(".")
+        name, dot, tail = rest.partition(".")
+        if container in ("steer_proj", "steer_gate") and name in names:
+            state_dict[f"{prefix}{container}.{names[name]}{dot}{tail}"] = state_dict.pop(key)
+        else:
+            state_dict[key] = state_dict.pop(key)
+
+
+def _state_dict_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *_: object) -> None:
+    """``state_dict`` post-hook: steering entries under the parameters' names (``lambda``)."""
+    _renamed(state_dict, prefix, {key: name for name, key in STEER_KEYS.items() if key != name})
+
+
+def _module_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *_: object) -> None:
+    """``load_state_dict`` pre-hook: steering entries back to their module keys (``lambda_``)."""
+    _renamed(state_dict, prefix, {name: key for name, key in STEER_KEYS.items() if key != name})
 
 
 __all__ = [

@@ -89,7 +89,10 @@ def register_family(module_name: str, model_cls: type[nn.Module]) -> None:
     )
     for name, (op, preset) in names.items():
         args = {k: v for k, v in PRESETS[preset].items() if k not in ("applications", "cfg")}
-        args.update(op=op, **{depth_arg: PRESETS[preset]["applications"]})
+        # A family may take the presets' number as a default rather than a setting (odevit's
+        # default_nfe, which an adaptive solver ignores).
+        preset_arg = getattr(model_cls, "preset_depth_arg", depth_arg)
+        args.update(op=op, **{preset_arg: PRESETS[preset]["applications"]})
         entry = _entry_point(model_cls, name, args)
         entry.__module__ = module_name
         setattr(module, name, register_model(entry))

@@ -59,6 +59,19 @@ def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0, scale: 
     return emb
 
 
+class NoFixedSteps(ValueError, AttributeError):
+    """What needs the steps of a fixed-step solver, asked of an adaptive one. Also an
+    ``AttributeError``, so that ``hasattr`` (which ``torch.jit.trace`` calls on every attribute)
+    reads the properties built on the steps (``num_intermediates``, ``feature_info``) as absent."""
+
+
+def _recording_graph() -> bool:
+    """``torch.jit.trace`` or ``torch.export`` is recording the forward pass (torch.compile,
+    which runs what it cannot record eagerly, is not: it still calls torchdiffeq)."""
+    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.7
+    return torch.jit.is_tracing() or (exporting is not None and exporting())
+
+
 class VectorField(nn.Module):
     """``f(t, x) = g_a * Op(N(x)(1 + s_a) + b_a) + g_m * MLP(N(x)(1 + s_m) + b_m)``.
 
@@ -130,8 +143,11 @@ class OdeViT(ViTBase):
             multiple of the solver's evaluations per step (``euler`` 1, ``midpoint``/``heun2``
             2, ``heun3`` 3, ``rk4`` 4), e.g. ``rk4`` with ``nfe=12`` takes 3 steps. Not
             allowed with adaptive solvers, whose evaluations depend on the data.
+        default_nfe: the evaluations of a fixed-step solver when ``nfe`` is not given (what
+            the registered presets set: 12, or 6 and 4 for the CPU presets); adaptive solvers
+            ignore it, so ``timm.create_model("ssog_odevit_...", solver="dopri5")`` works.
         solver: a key of :data:`FIXED_SOLVERS` or one of :data:`ADAPTIVE_SOLVERS`.
-        rtol, atol: tolerances of adaptive solvers.
+        rtol, atol: tolerances of adaptive solvers (their work follows these, not an NFE).
         adjoint: back-propagate with torchdiffeq's adjoint method (memory constant in the
             number of steps, gradients from a backward solve).
         field_norm: ``"center"`` (CenterNorm, default) or ``"layernorm"`` (no affine).
@@ -141,10 +157,13 @@ class OdeViT(ViTBase):
 
     family = "odevit"
     depth_arg = "nfe"
+    #: The presets' evaluations are a default an adaptive solver replaces (:mod:`._registry`).
+    preset_depth_arg = "default_nfe"
 
     def __init__(
         self,
         nfe: int | None = None,
+        default_nfe: int = 12,
         solver: str = "euler",
         rtol: float = 1e-3,
         atol: float = 1e-4,
@@ -155,7 +174,8 @@ class OdeViT(ViTBase):
         super().__init__(**kwargs)
         self.field_norm = field_norm
         self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
-        self.solver, self.steps = "euler", 12
+        self.default_nfe = default_nfe
+        self.solver, self.steps = "euler", default_nfe  # euler: one evaluation per step
         #: The flow runs on ``[0, end_time]`` (1; less after :meth:`prune_intermediate_layers`).
         self.end_time = 1.0
         self.rtol, self.atol, self.adjoint = rtol, atol, adjoint
@@ -176,14 +196,14 @@ class OdeViT(ViTBase):
         """Change how the flow is integrated; weights are unaffected.
 
         ``None`` keeps the current setting; a fixed-step solver given without ``nfe`` keeps
-        the current number of evaluations (12 when coming from an adaptive solver).
+        the current number of evaluations (``default_nfe`` when coming from an adaptive solver).
         Raises ``ValueError`` for an unknown solver, an ``nfe`` that is not a multiple of
         the solver's evaluations per step, or ``nfe`` with an adaptive solver.
         """
         solver = self.solver if solver is None else solver
         if solver in FIXED_SOLVERS:
             if nfe is None:
-                nfe = self.steps * FIXED_SOLVERS[self.solver] if self.steps else 12
+                nfe = self.steps * FIXED_SOLVERS[self.solver] if self.steps else self.default_nfe
             stages = FIXED_SOLVERS[solver]
             if nfe < stages or nfe % stages:
                 raise ValueError(
@@ -258,10 +278,17 @@ class OdeViT(ViTBase):
                     f"the evaluations of the adaptive solver {self.solver!r} depend on the data; "
                     "count on the meta device with a fixed-step solver"
                 )
+            if _recording_graph():
+                raise ValueError(
+                    f"torch.jit.trace and torch.export cannot record the adaptive solver {self.solver!r}: its "
+                    "steps depend on the data; configure a fixed-step solver first "
+                    "(model.configure_solver('rk4', nfe=12)), or use torch.compile, which runs it eagerly"
+                )
             states = [self._odeint(x, torch.tensor([0.0, self.end_time]))[-1]]
         else:
             num_steps = self.num_intermediates if num_steps is None else num_steps
-            if self.adjoint and x.device.type != "meta":
+            # The adjoint is a way to compute gradients: a recorded graph holds the steps themselves.
+            if self.adjoint and x.device.type != "meta" and not _recording_graph():
                 states = list(self._odeint(x, torch.arange(num_steps + 1) / self.steps)[1:])
             else:
                 states = self._fixed_steps(x, num_steps)
@@ -305,7 +332,7 @@ class OdeViT(ViTBase):
     @property
     def num_intermediates(self) -> int:
         if self.steps is None:
-            raise ValueError(
+            raise NoFixedSteps(
                 f"intermediate states are the steps of a fixed-step solver; {self.solver!r} is adaptive"
             )
         return max(1, round(self.end_time * self.steps))

@@ -14,6 +14,9 @@ Fixed (content-independent) kernels, one per head, shared by the whole batch:
   its peak (renormalised), skipping the keys outside the window along y.
 
 Query-steered kernels differ per query, so they are built and applied in query chunks.
+
+Blocks and chunks are sized from the batch, except where a captured graph must hold for
+every batch (:func:`any_batch`): they are then sized for one image and span all of them.
 """
 from __future__ import annotations
 
@@ -49,6 +52,15 @@ STEERED_TILE = 8
 #: Default tolerance of the local backend: keys whose kernel value is below this fraction
 #: of the row's peak are dropped (and the row renormalised).
 LOCAL_TOLERANCE = 1e-6
+
+
+def any_batch(batch: int | torch.SymInt) -> bool:
+    """Whether the graph being captured must hold for every batch size: a symbolic batch
+    (``torch.export`` with a dynamic batch dimension, ``torch.compile`` with dynamic shapes)
+    or ``torch.jit.trace``, whose graph runs at any input size. Sizing work by the batch
+    would then guard on the example's (an export error) or bake it in (a trace that fails,
+    or silently computes something else, at another batch)."""
+    return isinstance(batch, torch.SymInt) or torch.jit.is_tracing()
 
 
 # ----------------------------------------------------------------------------- fixed kernels
@@ -100,17 +112,22 @@ def fixed_separable(
         ``(B, H, N, d)``.
     """
     batch, heads, n, dim = v.shape
-    block_bytes = block_bytes or min(SEPARABLE_BLOCK_BYTES, v.numel() * v.element_size())
+    every_image = any_batch(batch)
+    images = 1 if every_image else batch
+    block_bytes = block_bytes or min(SEPARABLE_BLOCK_BYTES, images * heads * n * dim * v.element_size())
     _, atoms, rows, _ = ky.shape
     cols = kx.shape[-1]
     ky = ky.to(v.dtype).transpose(1, 2).reshape(heads, rows * atoms, rows)  # [(y', r), y]
     kx = kx.to(v.dtype).transpose(1, 2).reshape(heads, cols, atoms * cols)  # [x', (r, x)]
+    row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
+    if every_image:
+        rows_per_block = max(1, min(rows, block_bytes // (row_bytes * heads)))  # one image's rows
+        return _separable_every_image(v, ky, kx, rows_per_block, key_rows)
     values = v.reshape(batch * heads, rows, cols * dim)
     # One kernel per (batch, head) item: a gather of a few hundred KiB, done once.
     head_of = torch.arange(batch * heads, device=v.device) % heads
     ky, kx = ky[head_of], kx[head_of]
 
-    row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
     items_per_block = max(1, block_bytes // (row_bytes * rows))
     rows_per_block = rows if items_per_block > 1 else max(1, min(rows, block_bytes // row_bytes))
     if v.is_meta:  # nothing is computed (FLOP counting): one block, instant at any grid, the same FLOPs
@@ -150,6 +167,31 @@ def fixed_separable(
             else:
                 out[i0 : i0 + items_per_block, y0 : y0 + rows_per_block] = block(index, y0)
     return out.view(batch, heads, n, dim)
+
+
+def _separable_every_image(
+    v: Tensor, ky: Tensor, kx: Tensor, rows_per_block: int, key_rows: list[tuple[int, int]] | None
+) -> Tensor:
+    """:func:`fixed_separable` as one graph for every batch (:func:`any_batch`): each head's
+    kernels broadcast over the images, blocks of query rows spanning every image.
+
+    ``ky (H, Hg*R, Hg)`` rows ``(y', r)`` and ``kx (H, Wg, R*Wg)`` columns ``(r, x)``, in the
+    dtype of ``v (B, H, N, d)``; returns ``(B, H, N, d)``."""
+    batch, heads, n, dim = v.shape
+    rows, cols = ky.shape[-1], kx.shape[1]
+    atoms = ky.shape[1] // rows
+    values = v.reshape(batch, heads, rows, cols * dim)
+
+    def block(values: Tensor, y0: int) -> Tensor:
+        y1 = min(rows, y0 + rows_per_block)
+        k0, k1 = (0, rows) if key_rows is None else _key_span(key_rows, y0, y1)
+        mixed = torch.matmul(ky[:, y0 * atoms : y1 * atoms, k0:k1], values[:, :, k0:k1])  # (B, H, (y', r), (x, d))
+        mixed = mixed.view(batch, heads, y1 - y0, atoms * cols, dim)
+        return torch.matmul(kx.unsqueeze(1), mixed)  # (B, H, y', x', d)
+
+    starts = range(0, rows, rows_per_block)
+    out = torch.cat([_checkpointed(block, values, y0, several=len(starts) > 1) for y0 in starts], dim=2)
+    return out.reshape(batch, heads, n, dim)
 
 
 def _separable_block(
@@ -226,9 +268,12 @@ def steered_mix(
     atoms = mu.shape[-2]
     dtype = mu.dtype
     query_y, query_x = query_positions(grid_size, v.device)
+    images = 1 if any_batch(batch) else batch  # chunks sized for one image: one graph for every batch
     if not separable:
-        query_bytes = batch * heads * n * torch.finfo(dtype).bits // 8  # one query's rows
-        chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes)
+        query_bytes = images * heads * n * torch.finfo(dtype).bits // 8  # one query's rows
+        # At most n: then a chunk of every query is the same slice with and without autograd
+        # (torch.jit.trace checks its graph by tracing again without autograd).
+        chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
         if n * query_bytes <= STEERED_SAVED_ROWS_BYTES and _recompute_in_backward(v, mu, sigma, weight):
             chunk = n
         grid_values = v.contiguous().view(batch, heads, rows, cols, dim)  # once, not once per chunk
@@ -244,8 +289,8 @@ def steered_mix(
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
     values = v.view(batch, heads, rows, cols, dim).transpose(2, 3).reshape(batch, heads, cols, rows * dim)
-    per_query = batch * heads * atoms * rows * dim
-    chunk = max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (per_query * torch.finfo(dtype).bits // 8))
+    per_query = images * heads * atoms * rows * dim
+    chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (per_query * torch.finfo(dtype).bits // 8)))
 
     def mix_chunk(values: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, q0: int) -> Tensor:
         q1 = q0 + mu.shape[2]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .backends import functorch_wrapped
-from .kernels import kernel_dtype
+from .kernels import capturing_graph, kernel_dtype
 
 __all__ = [
     "BACKENDS", "MAX_CENTRE_OFFSET", "check_backend", "check_grid", "check_heads", "check_local_tolerance",
@@ -133,7 +133,7 @@ def _parameters_valid(
     operator has evicted the caches, the dozen torch calls on a few dozen numbers took
     0.17 ms, as NumPy calls 0.10-0.11 ms (docs/results/operator.md; the ``cpp`` kernels
     check their parameters in the library instead)."""
-    if mu.device.type != "cpu" or torch.compiler.is_compiling() or functorch_wrapped(mu, sigma, weight):
+    if mu.device.type != "cpu" or capturing_graph() or functorch_wrapped(mu, sigma, weight):
         mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
         return _in_range(mu, sigma, weight, torch.tensor(grid_size, dtype=dtype, device=mu.device),
                          torch.finfo(dtype).max)

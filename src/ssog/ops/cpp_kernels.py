@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_parameter_values
+from .kernels import capturing_graph
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,10 @@ def supports(v: Tensor) -> bool:
 def takes(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernels take values of this device, dtype and head dimension: float32 on
     the CPU, a head dimension of 1, 2, 3, 4, 6 or 8 vectors (16 floats with AVX-512, else 8),
-    outside ``torch.compile``. (Callers keep them out of autograd: they compute forward only.)"""
-    if device.type != "cpu" or dtype != torch.float32 or torch.compiler.is_compiling():
+    outside graph capture (``torch.compile``, ``torch.export``, ``torch.jit.trace``: they are not a
+    torch op, a graph would hold their output as a constant). (Callers keep them out of
+    autograd: they compute forward only.)"""
+    if device.type != "cpu" or dtype != torch.float32 or capturing_graph():
         return False
     return head_dim in _head_dims()
 

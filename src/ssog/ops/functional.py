@@ -29,7 +29,7 @@ from . import backends, cpp_kernels
 from .checks import (
     check_backend, check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values,
 )
-from .kernels import fixed_axis_kernels, kernel_dtype
+from .kernels import capturing_graph, fixed_axis_kernels, kernel_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -195,14 +195,15 @@ def _steered(
 ) -> Tensor:
     """Steered mixing; ``auto`` measures the key windows of these parameters and takes the
     windowed (``local``) path when its tiles are cheaper than whole rows of ``A`` (reading
-    the windows synchronises a GPU once per call). Under ``torch.compile`` and on the meta
-    device ``auto`` uses whole rows: the windows depend on the values, not on shapes."""
+    the windows synchronises a GPU once per call). Under graph capture (``torch.compile``,
+    ``torch.export``, ``torch.jit.trace``) and on the meta device ``auto`` uses whole rows: the
+    windows depend on the values, not on shapes."""
     if backend == "triton":
         raise ValueError("the triton backend supports fixed kernels only; use dense, separable or local")
     if backend == "separable":
         return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
     if backend == "local" or (
-        backend == "auto" and v.device.type != "meta" and not torch.compiler.is_compiling()
+        backend == "auto" and v.device.type != "meta" and not capturing_graph()
     ):
         windows = backends.steered_windows(mu, sigma, grid_size, tolerance)
         tiles = backends.steered_tiles(windows, backends.STEERED_TILE)
@@ -260,7 +261,11 @@ def choose_backend(
 
     ``matrix_cached``: the caller holds ``A`` already (``SSoGAttention`` in inference), so
     dense costs only its GEMM. Dense is only considered while ``A`` stays within
-    ``DENSE_MAX_MATRIX_BYTES``. The costs
+    ``DENSE_MAX_MATRIX_BYTES``. A graph that must hold for every batch
+    (:func:`ssog.ops.backends.any_batch`: ``torch.export`` with a dynamic batch,
+    ``torch.jit.trace``) is chosen for as for a large batch, where building ``A`` once is
+    shared by all images: the choice then depends on the grid, atoms and head_dim alone,
+    not on the example's batch. The costs
     and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
     From shapes alone, steered
     kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
@@ -268,6 +273,8 @@ def choose_backend(
     ``local`` path against it, which needs the parameters' values.)
     """
     batch, heads, n, dim = value_shape
+    if backends.any_batch(batch):
+        batch, matrix_cached = 1, True
     if not requires_grad and cpp_kernels.takes(device, dtype, dim):
         _debug("choose_backend: cpp (fused CPU kernels, no autograd)")
         return "cpp"

@@ -14,6 +14,18 @@ import torch
 from torch import Tensor
 
 
+def capturing_graph() -> bool:
+    """Whether this call is being recorded into a graph rather than run: ``torch.compile``,
+    ``torch.export`` (both trace with dynamo or FX) or ``torch.jit.trace``.
+
+    Paths that decide in Python from tensor values (the layer's matrix cache, the steered
+    path's key windows), that call outside torch's dispatcher (the ``cpp`` kernels) or that
+    a tracer cannot record (an ``autograd.Function``) would be baked into the graph as
+    constants or fail there; the plain tensor paths they stand in for are recorded exactly.
+    """
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
 def kernel_dtype(value_dtype: torch.dtype) -> torch.dtype:
     """float64 for float64 values, float32 for everything else (fp16, bf16, fp32)."""
     return torch.float64 if value_dtype == torch.float64 else torch.float32
@@ -33,10 +45,10 @@ def gaussian_rows(center: Tensor, sigma: Tensor, length: int) -> Tensor:
     """
     # The formula is differentiable as it stands; the Function only makes its backward
     # cheaper. Without autograd, calling it would cost more than the formula on small rows
-    # (tens of microseconds a call), and dynamo cannot trace an autograd.Function with a
-    # forward-mode rule (inductor fuses the formula's derivatives anyway).
+    # (tens of microseconds a call), and neither dynamo (with a forward-mode rule) nor
+    # torch.jit.trace records an autograd.Function (inductor fuses the formula's derivatives).
     records_graph = torch.is_grad_enabled() and (center.requires_grad or sigma.requires_grad)
-    if not records_graph or torch.compiler.is_compiling():
+    if not records_graph or capturing_graph():
         return _gaussian_rows_formula(center, sigma, length)
     return _GaussianRows.apply(center, sigma, length)
 

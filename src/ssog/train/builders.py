@@ -19,7 +19,7 @@ from ssog.data import (
 from ssog.data.custom import CUSTOM_DATASET, custom_datasets
 from ssog.data.data_config import resolve_data_config
 from ssog.data.timm_sources import ShardStream, StreamLoader, stream_readers
-from ssog.train.config import TrainConfig
+from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
 __all__ = [
@@ -238,10 +238,6 @@ def apply_data_config(model: torch.nn.Module, data_config: dict[str, Any],
     if classes and len(classes) == pretrained["num_classes"]:
         pretrained["label_names"] = list(classes)
     model.pretrained_cfg = model.default_cfg = pretrained
-
-
-#: ``init_from`` of a run that starts from a timm VisionTransformer converted to SSoG.
-TIMM_INIT_PREFIX = "timm:"
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int | tuple[int, int],

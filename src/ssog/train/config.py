@@ -36,6 +36,8 @@ _OWN_SCHEDULE_OPTIONS = {
     "sched", "num_epochs", "decay_epochs", "decay_milestones", "decay_rate", "patience_epochs", "cooldown_epochs",
     "min_lr", "warmup_lr", "warmup_epochs", "step_on_epochs", "updates_per_epoch", "optimizer",
 }
+#: ``init_from`` of a run whose model is timm's ``NAME`` converted to SSoG (``timm:NAME``).
+TIMM_INIT_PREFIX = "timm:"
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
 # Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
@@ -150,6 +152,8 @@ class TrainConfig:
         for name in ("dataset_kwargs", "sched_kwargs"):
             if getattr(self, name) is None:
                 setattr(self, name, {})
+        if self.init_from and self.init_from.startswith(TIMM_INIT_PREFIX):
+            self.model = self._timm_init_model()
         self.validate()
 
     def validate(self) -> None:
@@ -211,6 +215,17 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad training config: {message}")
+
+    def _timm_init_model(self) -> str:
+        """The model a ``timm:NAME`` start builds: NAME, so logs, summaries and the saved config
+        name the model trained. Another ``model`` set with it would be ignored: an error."""
+        name = self.init_from[len(TIMM_INIT_PREFIX):]
+        if self.model not in (DEFAULT_MODEL, name):
+            raise ValueError(
+                f"bad training config: init_from {self.init_from} trains timm's {name} converted to SSoG, "
+                f"so model {self.model!r} would be ignored; leave model unset or set it to {name}"
+            )
+        return name
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

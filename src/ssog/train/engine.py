@@ -50,9 +50,9 @@ from ssog.data import get_augmentation
 from ssog.data.custom import CUSTOM_DATASET
 from ssog.files import FolderLock, WriteError, is_temporary, write_atomic
 from ssog.runtime import check_plotting, is_out_of_memory
-from ssog.train.builders import TIMM_INIT_PREFIX, apply_data_config, build_data, build_model
+from ssog.train.builders import apply_data_config, build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoints
-from ssog.train.config import TrainConfig
+from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
 from ssog.train.environment import record_environment
 from ssog.train.logger import RunLogger, logging_backends, progress_bar

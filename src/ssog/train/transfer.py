@@ -197,7 +197,7 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
 def _architecture_init(init_from: str | None) -> str | None:
     """What of a run's ``init_from`` rebuilding its model needs: a ``timm:NAME`` start is the
     architecture (a converted timm model); a checkpoint start only gave initial weights."""
-    from ssog.train.builders import TIMM_INIT_PREFIX
+    from ssog.train.config import TIMM_INIT_PREFIX
 
     return init_from if init_from and init_from.startswith(TIMM_INIT_PREFIX) else None
 
