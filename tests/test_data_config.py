@@ -110,3 +110,30 @@ def test_checkpoint_model_and_onnx_carry_the_runs_data_config(tmp_path, tiny_con
     assert props["mean"] == [0.4, 0.5, 0.6] and props["std"] == [0.2] * 3 and props["crop_pct"] == 0.75
     assert props["input_size"] == [3, 8, 8] and props["interpolation"] == "bicubic"
     assert props["label_names"] == ["0", "1", "2", "3"]
+
+
+def test_a_checkpoint_from_before_data_configs_is_read_with_the_statistics_it_trained_with(tmp_path, tiny_config):
+    """ssog 0.1.0 stored no data config: its runs normalised with the source's own statistics
+    (an ImageFolder run: ImageNet's, at 224 px unless img_size was set). Rebuilding such a run
+    from the model's pretrained_cfg instead would evaluate it on differently normalised images."""
+    from ssog.train.checkpoint import save_checkpoint
+    from ssog.train.config import upgrade_checkpoint_config
+
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1))
+    state = load_checkpoint(run / "best.safetensors")
+    for key in ("mean", "std", "interpolation"):
+        del state["config"][key]
+    del state["data_config"]
+    old = tmp_path / "old"
+    old.mkdir()
+    save_checkpoint(old / "best.safetensors", state)
+    model = model_from_checkpoint(old)
+    assert model.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and model.pretrained_cfg["std"] == (0.25, 0.25, 0.25)
+    legacy = {k: v for k, v in TrainConfig(dataset="imagefolder", data_dir="d").to_dict().items()
+              if k not in ("mean", "std", "interpolation")}
+    upgraded = upgrade_checkpoint_config(legacy)
+    assert (upgraded["img_size"], upgraded["crop_pct"], upgraded["interpolation"]) == (224, 0.875, "bicubic")
+    assert tuple(upgraded["mean"]) == (0.485, 0.456, 0.406)
+    current = TrainConfig(dataset="imagefolder", data_dir="d").to_dict()
+    assert upgrade_checkpoint_config(current) == current

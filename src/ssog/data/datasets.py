@@ -25,6 +25,7 @@ __all__ = [
     "DATASETS", "DatasetInfo", "ArrayDataset", "build_datasets", "dataset_targets", "stratified_split",
     "training_subset", "image_problem", "unreadable_images", "load_image", "to_rgb", "evaluation_folder",
     "FolderScan", "ImageFiles", "scan_image_folder", "class_difference", "split_folder", "SPLIT_FOLDERS",
+    "SOURCE_STATISTICS",
 ]
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
@@ -41,6 +42,19 @@ IMAGEFOLDER_LAYOUT = (
     "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
     "(or DIR/validation/..., timm's name; or only DIR/train with val_split set)"
 )
+#: Each built-in source's own ``(native side in pixels, mean, std, evaluation crop_pct)``: what
+#: :class:`DatasetInfo` reports, and the data config a run used before runs stored theirs
+#: (:func:`ssog.train.config.upgrade_checkpoint_config`). Synthetic images are made at the run's
+#: ``img_size`` (32 when unset).
+SOURCE_STATISTICS: dict[str, tuple[int, tuple[float, ...], tuple[float, ...], float]] = {
+    "digits": (8, (0.5,), (0.5,), 1.0),
+    "cifar10": (32, CIFAR10_MEAN, CIFAR10_STD, 1.0),
+    "cifar100": (32, CIFAR100_MEAN, CIFAR100_STD, 1.0),
+    "imagefolder": (224, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 0.875),
+    "synthetic": (32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 1.0),
+}
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a model and its transforms need to know about a data source.
@@ -160,7 +174,8 @@ def _digits(val_split: float | int | None, seed: int) -> tuple[Dataset, Dataset,
     images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
     full = ArrayDataset(images, digits.target)
     train, val = _split(full, full.targets, 0.2 if val_split is None else val_split, seed)
-    info = DatasetInfo("digits", 10, 1, 8, (0.5,), (0.5,), hflip=False,
+    size, mean, std, _ = SOURCE_STATISTICS["digits"]
+    info = DatasetInfo("digits", 10, 1, size, mean, std, hflip=False,
                        classes=tuple(str(c) for c in digits.target_names))
     return train, val, info
 
@@ -175,7 +190,8 @@ def _synthetic(size: int, num_classes: int, img_size: int, seed: int) -> tuple[D
     offsets = rng.uniform(-60, 60, size=(num_classes, 1, 1, 3))
     noise = rng.normal(127.5, 40.0, size=(size + n_val, img_size, img_size, 3))
     images = np.clip(noise + offsets[targets], 0, 255).astype(np.uint8)
-    info = DatasetInfo("synthetic", num_classes, 3, img_size, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25),
+    _, mean, std, _ = SOURCE_STATISTICS["synthetic"]
+    info = DatasetInfo("synthetic", num_classes, 3, img_size, mean, std,
                        classes=tuple(str(c) for c in range(num_classes)))
     return ArrayDataset(images[:size], targets[:size]), ArrayDataset(images[size:], targets[size:]), info
 
@@ -205,8 +221,8 @@ def _cifar(name: str, root: str | None, download: bool, val_split: float | int |
         reason = getattr(error, "reason", None) or error.strerror or error
         raise OSError(f"could not download {name} from {cls.url} ({reason}); where this machine has no network, "
                       f"fetch {cls.filename} elsewhere and extract it into {root}") from error
-    mean, std = (CIFAR10_MEAN, CIFAR10_STD) if name == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
-    info = DatasetInfo(name, len(train.classes), 3, 32, mean, std, classes=tuple(train.classes))
+    size, mean, std, _ = SOURCE_STATISTICS[name]
+    info = DatasetInfo(name, len(train.classes), 3, size, mean, std, classes=tuple(train.classes))
     if test is None:
         train, test = _split(train, train.targets, val_split, seed)
     return train, test, info
@@ -527,8 +543,8 @@ def class_difference(expected: Sequence[str], found: Sequence[str]) -> str:
 
 
 def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
-    return DatasetInfo("imagefolder", len(classes), 3, 224, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
-                       crop_pct=0.875, classes=tuple(classes))
+    size, mean, std, crop_pct = SOURCE_STATISTICS["imagefolder"]
+    return DatasetInfo("imagefolder", len(classes), 3, size, mean, std, crop_pct=crop_pct, classes=tuple(classes))
 
 
 def evaluation_folder(

@@ -23,7 +23,10 @@ import yaml
 
 from ssog.data.data_config import INTERPOLATIONS
 
-__all__ = ["TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config", "parse_override"]
+__all__ = [
+    "TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config", "parse_override",
+    "upgrade_checkpoint_config",
+]
 
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
 # every token is a multiple of one vector, which LayerNorm reduces to its sign, and the
@@ -371,6 +374,26 @@ def resolve_config(
         # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
         values["output"] = str(Path("runs") / Path(recipe).stem / (variant or "run"))
     return TrainConfig.from_dict(values)
+
+
+def upgrade_checkpoint_config(values: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's stored config, with the data settings of a run written before runs stored
+    their data config (no ``mean`` key: ssog 0.1.0) filled in as that version used them: the
+    data source's own size, mean, std and evaluation crop (:data:`ssog.data.datasets.SOURCE_STATISTICS`;
+    an ImageFolder run trained with ImageNet's statistics at 224 px unless its ``img_size`` said
+    otherwise) and bicubic resizing. Without this the model's ``pretrained_cfg`` would decide, and
+    an old run would be evaluated on differently normalised images. Newer configs pass unchanged."""
+    from ssog.data.datasets import SOURCE_STATISTICS
+
+    if "mean" in values or values.get("dataset") not in SOURCE_STATISTICS:
+        return values
+    size, mean, std, crop_pct = SOURCE_STATISTICS[values["dataset"]]
+    upgraded = dict(values, mean=list(mean), std=list(std), interpolation="bicubic")
+    if upgraded.get("img_size") is None:
+        upgraded["img_size"] = size
+    if upgraded.get("crop_pct") is None:
+        upgraded["crop_pct"] = crop_pct
+    return upgraded
 
 
 def infer_dataset(data_dir: str | Path) -> str:

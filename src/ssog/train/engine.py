@@ -52,7 +52,7 @@ from ssog.files import FolderLock, WriteError, is_temporary, write_atomic
 from ssog.runtime import check_plotting, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoints
-from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
+from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, all_reduce_sum, init_distributed
 from ssog.train.environment import record_environment
 from ssog.train.logger import RunLogger, logging_backends, progress_bar
@@ -733,7 +733,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         state = load_checkpoint(path)
         if state.get("kind") != "last":
             raise ValueError(f"{path} is a {state.get('kind')!r} checkpoint; resume needs a run's last.safetensors")
-        cfg = TrainConfig.from_dict(state["config"])
+        cfg = TrainConfig.from_dict(upgrade_checkpoint_config(state["config"]))
         cfg.output = str(path.parent)
         notes = _apply_resume_changes(cfg, resume_changes or {}, state["progress"]["epoch"])
     cfg = cfg or TrainConfig()

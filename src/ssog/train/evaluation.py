@@ -11,7 +11,7 @@ from ssog.data.datasets import class_difference
 from ssog.runtime import is_out_of_memory
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
-from ssog.train.config import TrainConfig
+from ssog.train.config import TrainConfig, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import torch_settings
 from ssog.train.logger import progress_bar
@@ -65,7 +65,7 @@ def evaluate_checkpoint(
     if batch_size is not None:
         values["batch_size"] = batch_size
     values["img_size"] = img_size or values.get("img_size")
-    cfg = TrainConfig.from_dict(values)
+    cfg = TrainConfig.from_dict(upgrade_checkpoint_config(values))
     ctx = init_distributed(cfg.device)
     # A folder given here is evaluated whole: the run's val_split belongs to the run's own data.
     folder = (data or {}).get("data_dir") if cfg.dataset == "imagefolder" else None

@@ -166,13 +166,14 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     ``resolve_data_config(model=...)``, ``save_for_hf`` and the ONNX export read).
     """
     from ssog.train.builders import apply_data_config, build_model, run_data_config
-    from ssog.train.config import TrainConfig
+    from ssog.train.config import TrainConfig, upgrade_checkpoint_config
 
     path = checkpoint_path(path, "best")
     weights, config = load_weights(path, ema=ema)
     if config is None:
         raise ValueError(f"{path} holds weights only; building its model needs a checkpoint written by ssog train")
-    cfg = TrainConfig.from_dict({**config, "output": None, "init_from": _architecture_init(config.get("init_from"))})
+    cfg = TrainConfig.from_dict(upgrade_checkpoint_config(
+        {**config, "output": None, "init_from": _architecture_init(config.get("init_from"))}))
     proj = weights.get("patch_embed.proj.weight")  # (D, C, p, p)
     if proj is not None:
         tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
@@ -180,16 +181,17 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
         if grid * grid != tokens:
             raise ValueError(f"{path}: a position embedding of {tokens} patch tokens is not a square grid")
         head = weights.get("head.weight")
-        model = build_model(cfg, 0 if head is None else head.shape[0], proj.shape[1], grid * proj.shape[-1])
+        in_chans = proj.shape[1]
+        model = build_model(cfg, 0 if head is None else head.shape[0], in_chans, grid * proj.shape[-1])
     else:  # a model without a patch embedding (a CNN): any input size, the channels of its first convolution
-        stem = next(tensor for tensor in weights.values() if tensor.ndim == 4)
+        in_chans = next(tensor for tensor in weights.values() if tensor.ndim == 4).shape[1]
         classes = load_checkpoint(path, only=("classes",)).get("classes") or ()
-        model = build_model(cfg, len(classes), stem.shape[1], cfg.img_size or 224)
+        model = build_model(cfg, len(classes), in_chans, cfg.img_size or 224)
     check_state_dict(model, weights, f"checkpoint {path}")
     model.load_state_dict(weights)
     # The data config the run trained with (older checkpoints: resolved from their config).
     stored = load_checkpoint(path, only=("data_config", "classes"))
-    apply_data_config(model, stored.get("data_config") or run_data_config(cfg, proj.shape[1]),
+    apply_data_config(model, stored.get("data_config") or run_data_config(cfg, in_chans),
                       stored.get("classes") or ())
     return model
 
