@@ -219,6 +219,16 @@ def test_eval_at_another_patch_size_rescales_kernels(fixed_run):
         evaluate_checkpoint(fixed_run, rescale_kernels=True, progress=False)
 
 
+def test_eval_on_another_grid_rescales_ssog_kernels_unless_told_not_to(fixed_run):
+    """The default on a new grid is the image-unit rule: the same result as asking for it."""
+    default = evaluate_checkpoint(fixed_run, img_size=16, progress=False, device="cpu")
+    asked = evaluate_checkpoint(fixed_run, img_size=16, rescale_kernels=True, progress=False, device="cpu")
+    kept = evaluate_checkpoint(fixed_run, img_size=16, rescale_kernels=False, progress=False, device="cpu")
+    assert default["rescaled_kernels"] and not kept["rescaled_kernels"]
+    assert default["loss"] == asked["loss"] and default["loss"] != kept["loss"]
+    assert not evaluate_checkpoint(fixed_run, progress=False, device="cpu")["rescaled_kernels"]  # same grid
+
+
 def test_set_input_size_scales_mu_and_sigma_by_the_grid_ratio(tiny_config):
     model = build_model(tiny_config("unused"), 4, 3, 8)
     mixer = ssog_mixers(model)[0]

@@ -12,7 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Evaluate a checkpoint written by ssog train on its validation data or another "
                     "data source. --img-size / --patch-size evaluate at another input: the patch "
                     "embedding is PI-resized and the position embedding resampled bicubically "
-                    "(timm); --rescale-kernels also scales SSoG's mu and sigma by the grid ratio.",
+                    "(timm), and SSoG's kernels (mu, sigma, steering radius) are scaled by the grid ratio so "
+                    "they keep covering the same image area (--no-rescale-kernels keeps them in tokens).",
     )
     parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint or a run folder (its best)")
     parser.add_argument("--dataset", help="data source (default: the one the model was trained on)")
@@ -22,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", default="val", choices=("val", "train"), help="which split to evaluate")
     parser.add_argument("--img-size", type=int, help="evaluate at this image size (pixels)")
     parser.add_argument("--patch-size", type=int, help="evaluate at this patch size (pixels)")
-    parser.add_argument("--rescale-kernels", action="store_true", help="scale SSoG mu, sigma by the grid ratio")
+    parser.add_argument("--rescale-kernels", action=argparse.BooleanOptionalAction, default=None,
+                        help="scale SSoG mu, sigma and steering radius by the grid ratio new/old (default: yes "
+                             "for SSoG models when --img-size or --patch-size is given)")
     parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     parser.add_argument("--batch-size", type=int, help="batch size")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")

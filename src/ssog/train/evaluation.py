@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import torch
 
 from ssog.data.datasets import class_difference
+from ssog.layers import ssog_mixers
 from ssog.runtime import is_out_of_memory
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
@@ -28,7 +29,7 @@ def evaluate_checkpoint(
     split: str = "val",
     img_size: int | None = None,
     patch_size: int | None = None,
-    rescale_kernels: bool = False,
+    rescale_kernels: bool | None = None,
     ema: bool = False,
     batch_size: int | None = None,
     device: str = "auto",
@@ -41,7 +42,11 @@ def evaluate_checkpoint(
     and data come from the checkpoint's config; ``data`` overrides data fields (``dataset``,
     ``data_dir``, ``val_split``, ...). ``img_size`` / ``patch_size`` evaluate at another input
     (the model's position embedding and patch embedding are resampled by timm), and
-    ``rescale_kernels`` also scales SSoG's mu and sigma by the grid ratio (Table 13).
+    ``rescale_kernels`` also scales SSoG's mu, sigma and steering radius by the grid ratio
+    (Table 13; the image-unit rule of docs/operator.md); ``None`` (the default) does so for a
+    model with SSoG mixers whenever ``img_size`` or ``patch_size`` is given, so its kernels keep
+    covering the image area they were trained on (docs/results/accuracy.md, "Resolution
+    transfer"), ``False`` keeps them in tokens.
 
     For an ImageFolder run, a ``data["data_dir"]`` given here is evaluated whole:
     ``DIR/<split>`` if it exists, else ``DIR`` itself as class folders (no ``train`` folder
@@ -81,8 +86,11 @@ def evaluate_checkpoint(
     _check_patch_size(model, img_size, patch_size)
     # Move from the trained size to the new one the way timm resamples.
     ratio = 1.0
-    if rescale_kernels and img_size is None and patch_size is None:
+    new_grid = img_size is not None or patch_size is not None
+    if rescale_kernels and not new_grid:
         raise ValueError("--rescale-kernels needs --img-size or --patch-size (a new grid to rescale to)")
+    if rescale_kernels is None:
+        rescale_kernels = new_grid and bool(ssog_mixers(model))
     with _out_of_memory_named(cfg, ctx, info.native_size):
         if img_size is not None or patch_size is not None:
             ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
