@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ssog.train.logger import write_text_atomic
+from ssog.files import write_atomic
 
 __all__ = ["ENVIRONMENT_FILE", "environment", "record_environment"]
 
@@ -73,5 +73,5 @@ def record_environment(output: Path, resumed: bool) -> dict[str, Any]:
             record = {**current, "note": f"the earlier {ENVIRONMENT_FILE} could not be read"}
         else:
             record.setdefault("resumes", []).append(current)
-    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    write_atomic(path, json.dumps(record, indent=2) + "\n")
     return record

@@ -15,14 +15,9 @@ from tqdm import tqdm
 
 from ssog.files import replacing, write_atomic
 
-__all__ = ["RunLogger", "logging_backends", "plot_curves", "curves_figure", "wandb_run_id", "write_text_atomic"]
+__all__ = ["RunLogger", "logging_backends", "plot_curves", "curves_figure", "wandb_run_id"]
 
 PLOT_INTERVAL_S = 60.0
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """:func:`ssog.files.write_atomic` (the name other modules of this package call)."""
-    write_atomic(path, text)
 
 
 def flat_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +97,7 @@ def wandb_run_id(output: Path, resuming: bool) -> tuple[str, bool]:
         return path.read_text().strip(), True
     run_id = secrets.token_hex(8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, run_id + "\n")
+    write_atomic(path, run_id + "\n")
     return run_id, False
 
 
@@ -144,13 +139,13 @@ class RunLogger:
         The PNG, which costs more than a small model's epoch, is redrawn at most once a minute
         and after the ``final`` epoch.
         """
-        write_text_atomic(self.output / "log.jsonl", "".join(json.dumps(r) + "\n" for r in history))
+        write_atomic(self.output / "log.jsonl", "".join(json.dumps(r) + "\n" for r in history))
         rows = [flat_record(r) for r in history]
         buffer = io.StringIO()  # columns: every key of every row (a resumed older run's rows lack some)
         writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
         writer.writeheader()
         writer.writerows(rows)
-        write_text_atomic(self.output / "log.csv", buffer.getvalue())
+        write_atomic(self.output / "log.csv", buffer.getvalue())
         if final or time.monotonic() - self.plotted >= PLOT_INTERVAL_S:
             plot_curves(history, self.output / "curves.png")
             self.plotted = time.monotonic()
