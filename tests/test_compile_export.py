@@ -83,9 +83,18 @@ def test_onnx_export_that_fails_its_check_leaves_no_file(tmp_path, monkeypatch):
         raise RuntimeError("onnxruntime's output differs")
 
     monkeypatch.setattr(ssog.export, "verify_onnx", mismatch)
-    with pytest.raises(RuntimeError, match="differs"):
+    with pytest.raises(RuntimeError, match="model.onnx: onnxruntime's output differs; nothing was written"):
         export_onnx(_model("vit", "mha"), tmp_path / "model.onnx", (1, 8, 8))
     assert list(tmp_path.iterdir()) == []
+    # an earlier file (replaced only after the check passes) is kept, not deleted with the failed one
+    (tmp_path / "model.onnx").write_bytes(b"an earlier export")
+    with pytest.raises(RuntimeError, match="the earlier file is kept"):
+        export_onnx(_model("vit", "mha"), tmp_path / "model.onnx", (1, 8, 8))
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
+    assert (tmp_path / "model.onnx").read_bytes() == b"an earlier export"
+    monkeypatch.undo()
+    with pytest.raises(FileExistsError, match="model.onnx already exists"):
+        export_onnx(_model("vit", "mha"), tmp_path / "model.onnx", (1, 8, 8), overwrite=False)
 
 
 @needs_export

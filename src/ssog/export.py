@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .files import replacing
+
 __all__ = ["EXPORT_PACKAGES", "export_onnx", "missing_export_packages", "verify_onnx"]
 
 #: What ``torch.onnx.export(dynamo=True)`` and the check need (the ``export`` extra).
@@ -34,16 +36,19 @@ def export_onnx(
     batch_size: int = 2,
     atol: float = 1e-4,
     seed: int = 0,
+    overwrite: bool = True,
 ) -> dict[str, Any]:
     """Export ``model`` (eval mode, fp32, CPU) to ONNX at ``path`` and verify it.
 
     ``input_size`` is ``(C, H, W)``; the batch dimension is dynamic. Fixed and steered SSoG
     and MHA, every family; the continuous one with a fixed-step solver (an adaptive one
     raises ``ValueError``). The model's data config (input size, mean/std, crop_pct,
-    interpolation) goes into the file's metadata. Raises ``RuntimeError`` (with the largest
-    difference) when onnxruntime's output differs from eager by more than ``atol``, after
-    removing the file, and ``ImportError`` naming the missing packages. Returns the check's
-    summary.
+    interpolation) goes into the file's metadata. The file is written and checked under a
+    temporary name and only then renamed to ``path`` (:func:`ssog.files.replacing`): an
+    existing file there is refused unless ``overwrite`` (FileExistsError), and kept when the
+    export fails. Raises ``RuntimeError`` (with the largest difference) when onnxruntime's
+    output differs from eager by more than ``atol``, and ``ImportError`` naming the missing
+    packages. Returns the check's summary.
     """
     missing = missing_export_packages()
     if missing:
@@ -65,15 +70,16 @@ def export_onnx(
         if isinstance(error.__cause__, ValueError):  # the model's own one-line refusal (an adaptive solver)
             raise error.__cause__ from None
         raise
-    program.save(str(path))
     # Another batch size than the traced one: the batch dimension must really be dynamic.
     check = torch.randn(batch_size + 1, *input_size, generator=generator)
-    try:
-        metadata = _write_data_config(path, model, input_size)
-        verified = verify_onnx(model, path, check, atol=atol)
-    except BaseException:
-        path.unlink(missing_ok=True)  # a file that does not compute the model is not left behind
-        raise
+    with replacing(path, overwrite=overwrite) as (tmp,):  # a file that does not compute the model never lands
+        program.save(str(tmp))
+        metadata = _write_data_config(tmp, model, input_size)
+        try:
+            verified = verify_onnx(model, tmp, check, atol=atol)
+        except RuntimeError as error:
+            kept = "the earlier file is kept" if path.exists() else "nothing was written"
+            raise RuntimeError(f"{path}: {error}; {kept}") from None
     return {"path": str(path), "input_size": list(input_size), "metadata": metadata, **verified}
 
 
@@ -107,5 +113,5 @@ def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: 
         expected = model(images)
     diff = float((torch.from_numpy(output) - expected).abs().max())
     if not diff <= atol:
-        raise RuntimeError(f"onnxruntime's output of {path} differs from eager PyTorch by {diff:.3g} (> {atol:g})")
+        raise RuntimeError(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g})")
     return {"verified_batch_size": images.shape[0], "max_abs_diff": diff, "output_shape": list(output.shape)}

@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "then run the file in onnxruntime on another batch size and compare it with PyTorch "
                     "(max abs difference <= --atol) before reporting success. Needs the export extra: "
                     "pip install 'ssog[export]'. Fixed and steered SSoG, MHA, all three families; "
-                    "the continuous family with a fixed-step solver. A file that fails the check is removed.",
+                    "the continuous family with a fixed-step solver. A file that fails the check is never "
+                    "written (an existing --output is kept).",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a registered model name (random weights), e.g. ssog_vit_tiny_patch4_32")
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
         model, name = model_from_checkpoint(args.checkpoint), args.checkpoint
     input_size = (model.in_chans, *model.patch_embed.img_size)
-    result = export_onnx(model, args.output, input_size, batch_size=args.batch_size, atol=args.atol)
+    result = export_onnx(model, args.output, input_size, batch_size=args.batch_size, atol=args.atol,
+                         overwrite=args.overwrite)
     if args.json:
         print(json.dumps({"source": name, **result}, indent=2))
     else:
