@@ -1,6 +1,7 @@
 """Weights the timm way: timm's Hugging Face layout (ssog export --format hf), local-dir:
 loading with pretrained=True, checkpoint_path at another image size, dynamic_img_size."""
 import json
+import os
 
 import pytest
 import timm
@@ -25,9 +26,14 @@ def run(tmp_path_factory, tiny_config):
 
 def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
     out = tmp_path / "hf"
-    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out)]) == 0
+    umask = os.umask(0o022)
+    try:
+        assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out)]) == 0
+    finally:
+        os.umask(umask)
     assert f"local-dir:{out}" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert out.stat().st_mode & 0o777 == 0o755  # a folder others can read, as the files in it
     assert not [p for p in tmp_path.iterdir() if "ssog-tmp" in p.name]
     config = json.loads((out / "config.json").read_text())
     data_config = load_checkpoint(run / "best.safetensors", only=("data_config",))["data_config"]

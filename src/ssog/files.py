@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 __all__ = [
     "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary", "refuse_existing", "replacing",
-    "write_atomic",
+    "temporary_path", "write_atomic",
 ]
 
 #: Part of the name of every temporary file ``ssog`` writes (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``);
@@ -61,7 +61,10 @@ def is_temporary(path: str | Path) -> bool:
     return TEMP_MARK in Path(path).name
 
 
-def _temporary(path: Path) -> Path:
+def temporary_path(path: str | Path) -> Path:
+    """A new, unique temporary name for ``path`` in its folder (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``),
+    for a file (or folder) that is written whole and then renamed to ``path``."""
+    path = Path(path)
     # The suffix is kept so that writers that pick a format by extension (matplotlib) still can.
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_MARK}{path.suffix}")
 
@@ -121,7 +124,7 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     existed = [path.exists() for path in paths]
     if not overwrite:
         refuse_existing(paths)
-    temporaries = [_temporary(path) for path in paths]
+    temporaries = [temporary_path(path) for path in paths]
     current = paths[0]
     try:
         yield temporaries

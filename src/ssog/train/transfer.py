@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +11,7 @@ import torch
 from timm.models import load_state_dict as timm_load_state_dict
 
 from ssog.conversion import convert_state_dict
+from ssog.files import temporary_path
 from ssog.layers import ssog_mixers
 from ssog.models._base import adapt_embeddings
 from ssog.train.checkpoint import FORMAT, check_state_dict, checkpoint_path, load_checkpoint
@@ -224,7 +224,8 @@ def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
         raise ValueError(f"--output {directory} {what}; choose a new folder")
     directory.parent.mkdir(parents=True, exist_ok=True)
     labels = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.ssog-tmp", dir=directory.parent))
+    tmp = temporary_path(directory)
+    tmp.mkdir()  # the permissions of a new folder (tempfile.mkdtemp's are 0o700: not shareable)
     try:
         timm_save_for_hf(model, tmp, model_config={"label_names": labels} if labels else None,
                          safe_serialization=True)
