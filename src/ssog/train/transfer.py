@@ -15,6 +15,7 @@ from ssog.files import temporary_path
 from ssog.layers import ssog_mixers
 from ssog.models._base import adapt_embeddings
 from ssog.train.checkpoint import FORMAT, check_state_dict, checkpoint_path, load_checkpoint
+from ssog.train.config import TIMM_INIT_PREFIX
 
 __all__ = [
     "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
@@ -174,6 +175,8 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
         raise ValueError(f"{path} holds weights only; building its model needs a checkpoint written by ssog train")
     cfg = TrainConfig.from_dict(upgrade_checkpoint_config(
         {**config, "output": None, "init_from": _architecture_init(config.get("init_from"))}))
+    stored = load_checkpoint(path, only=("data_config", "classes"))
+    classes = stored.get("classes") or ()
     proj = weights.get("patch_embed.proj.weight")  # (D, C, p, p)
     if proj is not None:
         tokens = weights["pos_embed"].shape[1] - (1 if "cls_token" in weights else 0)
@@ -185,22 +188,17 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
         model = build_model(cfg, 0 if head is None else head.shape[0], in_chans, grid * proj.shape[-1])
     else:  # a model without a patch embedding (a CNN): any input size, the channels of its first convolution
         in_chans = next(tensor for tensor in weights.values() if tensor.ndim == 4).shape[1]
-        classes = load_checkpoint(path, only=("classes",)).get("classes") or ()
         model = build_model(cfg, len(classes), in_chans, cfg.img_size or 224)
     check_state_dict(model, weights, f"checkpoint {path}")
     model.load_state_dict(weights)
     # The data config the run trained with (older checkpoints: resolved from their config).
-    stored = load_checkpoint(path, only=("data_config", "classes"))
-    apply_data_config(model, stored.get("data_config") or run_data_config(cfg, in_chans),
-                      stored.get("classes") or ())
+    apply_data_config(model, stored.get("data_config") or run_data_config(cfg, in_chans), classes)
     return model
 
 
 def _architecture_init(init_from: str | None) -> str | None:
     """What of a run's ``init_from`` rebuilding its model needs: a ``timm:NAME`` start is the
     architecture (a converted timm model); a checkpoint start only gave initial weights."""
-    from ssog.train.config import TIMM_INIT_PREFIX
-
     return init_from if init_from and init_from.startswith(TIMM_INIT_PREFIX) else None
 
 
@@ -241,7 +239,7 @@ def save_run_for_hf(checkpoint: str | Path, directory: str | Path, ema: bool = F
     Hugging Face layout (:func:`save_for_hf`), with the run's data config and class names."""
     path = checkpoint_path(checkpoint, "best")
     config = load_checkpoint(path, only=("config",)).get("config") or {}
-    if (config.get("init_from") or "").startswith("timm:"):
+    if (config.get("init_from") or "").startswith(TIMM_INIT_PREFIX):
         raise ValueError(f"{path} is a timm model converted to SSoG ({config['init_from']}); timm's layout names "
                          "an architecture timm can rebuild, which a conversion is not: use ssog.convert on it")
     return save_for_hf(model_from_checkpoint(path, ema=ema), directory)
