@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssog.train import load_checkpoint, train
+from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train import engine as engine_module
 from ssog.train import logger as logger_module
 from ssog.train.checkpoint import read_checkpoint_info
@@ -41,6 +41,8 @@ def test_grad_accumulation_takes_the_same_steps_as_one_batch(tmp_path, tiny_conf
     b = load_checkpoint(tmp_path / "accum" / "last.safetensors", only=("model",))["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=2e-5, rtol=1e-4, msg=name)
+    # evaluation accumulates nothing: its --batch-size is the images at once, whatever the run's grad_accum_steps
+    assert evaluate_checkpoint(tmp_path / "accum", batch_size=5, progress=False)["samples"] == 16
     with pytest.raises(ValueError, match="divisible by the number of processes 1 x grad_accum_steps 3"):
         train(tiny_config(tmp_path / "bad", grad_accum_steps=3))
 

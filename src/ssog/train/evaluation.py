@@ -67,8 +67,8 @@ def evaluate_checkpoint(
         values["data_dir"] = str(Path(values["data_dir"]).expanduser().resolve() if given else
                                  _run_data_dir(config["data_dir"], config.get("output"), path))
     values.update(output=None, init_from=None, progress=progress, device=device, overwrite=False)
-    if batch_size is not None:
-        values["batch_size"] = batch_size
+    if batch_size is not None:  # images at once: a run's gradient accumulation does not divide it
+        values.update(batch_size=batch_size, grad_accum_steps=1)
     values["img_size"] = img_size or values.get("img_size")
     cfg = TrainConfig.from_dict(upgrade_checkpoint_config(values))
     ctx = init_distributed(cfg.device)
