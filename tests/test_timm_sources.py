@@ -212,3 +212,26 @@ def test_python_datasets_train_and_resume_only_with_them(tmp_path, tiny_config):
         train(tiny_config(tmp_path / "b"), train_dataset=[(torch.zeros(3, 8, 8), 0)] * 16, val_dataset=val_set)
     with pytest.raises(ValueError, match="give both train_dataset and val_dataset"):
         train(tiny_config(tmp_path / "c"), train_dataset=train_set)
+
+
+def test_16_bit_images_of_every_source_are_scaled_not_clipped(tmp_path):
+    """timm's sources convert images by mode as the built-in ones do (ssog.data.datasets.to_rgb):
+    a 16-bit grey PNG of level 25700 is 100 in 8 bits, not the 255 of PIL's convert("RGB")."""
+    grey16 = Image.fromarray(np.full((8, 8), 25700, dtype=np.uint16))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    (tmp_path / "hf" / "data").mkdir(parents=True)
+    for split in ("train", "validation"):
+        table = datasets.Dataset.from_dict({"image": [grey16] * 4, "label": [0, 1] * 2}, features=features)
+        table.to_parquet(str(tmp_path / "hf" / "data" / f"{split}-00000-of-00001.parquet"))
+        buffer = io.BytesIO()
+        grey16.save(buffer, format="png")
+        with wds.TarWriter(str(tmp_path / f"{split}.tar")) as writer:
+            for i in range(4):
+                writer.write({"__key__": f"{i:06d}", "png": buffer.getvalue(), "cls": str(i % 2).encode()})
+    hfds = build_datasets(f"hfds/{tmp_path / 'hf'}", str(tmp_path / "cache"))[0]
+    hfids = build_datasets(f"hfids/{tmp_path / 'hf'}")[0]
+    shards = build_datasets("wds/grey", str(tmp_path), train_split="train.tar|4", val_split="validation.tar|4",
+                            num_classes=2)[0]
+    images = [hfds[0][0]] + [stream.shards.decode(next(stream.shards.read(0)))[0] for stream in (hfids, shards)]
+    for image in images:
+        assert image.mode == "RGB" and np.asarray(image).max() == np.asarray(image).min() == 100

@@ -33,6 +33,7 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from ssog.data.datasets import DatasetInfo, _split, to_rgb
 from ssog.data.loader import _seeded, sample_seed
 
 __all__ = [
@@ -57,32 +58,27 @@ def is_timm_source(name: str) -> bool:
     return name.lower().startswith(TIMM_PREFIXES)
 
 
-def _info(name: str, classes: Sequence[str], in_chans: int, native_size: int):
-    from ssog.data.datasets import DatasetInfo
-
+def _info(name: str, classes: Sequence[str], in_chans: int, native_size: int) -> DatasetInfo:
     # mean/std/crop_pct here only describe the source; a run takes them from its data config.
     return DatasetInfo(name, len(classes), in_chans, native_size, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
                        crop_pct=1.0, classes=tuple(classes))
 
 
-def _rgb(image: Image.Image, mode: str) -> Image.Image:
-    return image if image.mode == mode else image.convert(mode)
-
-
 # ---------------------------------------------------------------- map-style: hfds/, torch/
 class TimmMapDataset(Dataset):
-    """A map-style dataset built by ``timm.data.create_dataset`` as ``(PIL image, class index)``
-    pairs, with ``classes`` and ``targets`` (read without decoding images where the source allows)."""
+    """A map-style dataset built by ``timm.data.create_dataset`` as ``(PIL RGB image, class
+    index)`` pairs (converted by mode, :func:`~ssog.data.datasets.to_rgb`), with ``classes``
+    and ``targets`` (read without decoding images where the source allows)."""
 
-    def __init__(self, dataset: Dataset, classes: Sequence[str], mode: str = "RGB"):
-        self.dataset, self.classes, self.mode = dataset, tuple(classes), mode
+    def __init__(self, dataset: Dataset, classes: Sequence[str]):
+        self.dataset, self.classes = dataset, tuple(classes)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, target = self.dataset[index][:2]
-        return _rgb(image, self.mode), int(target)
+        return to_rgb(image), int(target)
 
     @cached_property
     def targets(self) -> list[int]:
@@ -108,6 +104,9 @@ def _map_classes(dataset: Dataset, name: str) -> list[str]:
 def _create_map(name: str, root: str | None, split: str, download: bool, options: Mapping[str, Any]) -> Dataset:
     from timm.data import create_dataset
 
+    # timm's readers would convert images with PIL's convert("RGB"), which clips 16-bit and float
+    # pixels; TimmMapDataset converts them by mode (to_rgb), as the built-in sources do.
+    options = {"input_img_mode": None, **options}
     try:
         return create_dataset(name, root=root, split=split, download=download, **options)
     except AssertionError as error:  # timm asserts on unknown torchvision names
@@ -140,7 +139,6 @@ class WdsShards:
     urls: tuple[str, ...]
     input_key: str = "jpg;png;webp;jpeg"
     target_key: str | None = None
-    mode: str = "RGB"
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -160,7 +158,7 @@ class WdsShards:
         else:
             target = sample["cls"]
         with Image.open(io.BytesIO(sample[key])) as image:
-            return image.convert(self.mode), int(target)  # decoded now: the file closes
+            return to_rgb(image), int(target)  # decoded now: the file closes
 
 
 @dataclass
@@ -172,7 +170,6 @@ class HfShards:
     split: str
     input_key: str = "image"
     target_key: str = "label"
-    mode: str = "RGB"
 
     @cached_property
     def dataset(self):
@@ -194,7 +191,7 @@ class HfShards:
         image = item[self.input_key]
         source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
         with Image.open(source) as decoded:
-            return decoded.convert(self.mode), int(item[self.target_key])  # decoded now: the file closes
+            return to_rgb(decoded), int(item[self.target_key])  # decoded now: the file closes
 
 
 class ShardStream(IterableDataset):
@@ -429,8 +426,6 @@ def timm_datasets(
     the class count where the source does not say it (WebDataset without ``classes`` in its
     ``_info.json``).
     """
-    from ssog.data.datasets import _split
-
     options = dict(options or {})
     prefix = name.partition("/")[0].lower() + "/"
     named_val = val_split if isinstance(val_split, str) else DEFAULT_VAL_SPLIT if val_split is None else None
