@@ -475,9 +475,13 @@ def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequ
     counts = np.bincount([target for _, target in samples], minlength=len(classes))
     empty = [classes[i] for i in np.flatnonzero(counts == 0)]
     if empty:
-        shown = ", ".join(empty[:5]) + (f", ... ({len(empty)} in all)" if len(empty) > 5 else "")
-        raise ValueError(f"class folder(s) {shown} of {path} {what}; add images or remove the folder(s); "
+        raise ValueError(f"class folder(s) {_shown(empty)} of {path} {what}; add images or remove the folder(s); "
                          f"expected {IMAGEFOLDER_LAYOUT}")
+
+
+def _shown(names: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``names``, and how many there are in all when that is more."""
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 #: Names of an ImageFolder's split folders, in the order they are looked for.
@@ -532,14 +536,11 @@ def _imagefolder(root: str | None, val_split: float | int | None, seed: int,
 
 def class_difference(expected: Sequence[str], found: Sequence[str]) -> str:
     """Which classes of ``expected`` are missing from ``found`` and which are extra, up to 5 each."""
-    def shown(names: list[str]) -> str:
-        return ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "") or "none"
-
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     if not missing and not extra:
         return "the same names in another order"
-    return f"missing: {shown(missing)}; extra: {shown(extra)}"
+    return f"missing: {_shown(missing) or 'none'}; extra: {_shown(extra) or 'none'}"
 
 
 def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
