@@ -442,7 +442,7 @@ class ImageFiles(Dataset):
 
 
 def _image_folder(path: Path, skip_bad_images: bool = False) -> ImageFiles:
-    """torchvision's ImageFolder over :func:`scan_image_folder`'s samples, checked by
+    """:class:`ImageFiles` of :func:`scan_image_folder`'s samples, checked by
     :func:`unreadable_images`; every class must keep at least one image."""
     scan = scan_image_folder(path) if path.is_dir() else None
     if scan is None or not scan.classes:

@@ -1,11 +1,12 @@
 """The training loop: timm's optimizers (layer-wise lr decay) and schedules, gradient
 accumulation, mixup, EMA, AMP, DDP, exact resume.
 
-Run folder (``cfg.output``): ``config.yaml``, ``last.safetensors`` (full state, rewritten at
-every epoch end and every ``checkpoint_every`` steps), ``best.safetensors`` (weights of the
-best validation Acc@1), ``log.jsonl`` / ``log.csv`` / ``curves.png`` (one row per epoch, with
-the mean gradient norm of each parameter group, :class:`~ssog.train.metrics.GradNormMeter`)
-and, at the end, ``summary.json``.
+Run folder (``cfg.output``, locked while the run writes it; what a run writes there is
+:data:`RUN_FILES`): ``config.yaml``, ``environment.json``, ``last.safetensors`` (full state,
+rewritten at every epoch end and every ``checkpoint_every`` steps), ``best.safetensors``
+(weights of the best validation Acc@1), ``log.jsonl`` / ``log.csv`` / ``curves.png`` (one row
+per epoch, with the mean gradient norm of each parameter group,
+:class:`~ssog.train.metrics.GradNormMeter`) and, at the end, ``summary.json``.
 
 Resuming restores weights, optimizer, scheduler, scaler, EMA, the sampler position and every
 process's python/numpy/torch RNG state, so with ``deterministic`` on a CPU a resumed run ends
