@@ -12,7 +12,9 @@ import sys
 import pytest
 
 from ssog import files
-from ssog.files import FolderLock, WriteError, clear_results, is_temporary, replacing, write_atomic
+from ssog.files import (
+    FolderLock, WriteError, clear_results, is_temporary, replacing, save_figure, write_atomic,
+)
 
 
 @pytest.fixture
@@ -81,6 +83,16 @@ def test_files_written_together_change_together(tmp_path):
             raise RuntimeError("writing last failed")
     assert (first.read_text(), second.read_text()) == ("old best", "old last")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "last"]
+
+
+def test_figures_are_saved_atomically_in_the_format_of_their_suffix(tmp_path):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(2, 2))
+    figure.subplots().plot([0, 1], [1, 0])
+    paths = save_figure(figure, tmp_path / "fig.png", tmp_path / "fig.pdf", tmp_path / "curves", dpi=50)
+    assert [path.read_bytes()[:4] for path in paths] == [b"\x89PNG", b"%PDF", b"\x89PNG"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves", "fig.pdf", "fig.png"]
 
 
 def test_no_overwrite_refuses_an_existing_file(tmp_path):

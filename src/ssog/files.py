@@ -21,11 +21,11 @@ import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 __all__ = [
     "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary", "refuse_existing", "replacing",
-    "temporary_path", "write_atomic",
+    "save_figure", "temporary_path", "write_atomic",
 ]
 
 #: Part of the name of every temporary file ``ssog`` writes (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``);
@@ -147,6 +147,17 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     finally:
         for tmp in temporaries:
             tmp.unlink(missing_ok=True)
+
+
+def save_figure(figure: Any, *paths: str | Path, **options: Any) -> list[Path]:
+    """Save the matplotlib ``figure`` to each of ``paths`` atomically and together (see
+    :func:`replacing`), in the format each one's suffix names (PNG without one); ``options``
+    go to ``figure.savefig`` (``dpi``, ``bbox_inches``). Returns the paths."""
+    paths = [Path(path) for path in paths]
+    with replacing(*paths) as temporaries:
+        for tmp, path in zip(temporaries, paths):
+            figure.savefig(tmp, format=path.suffix[1:] or "png", **options)
+    return paths
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, overwrite: bool = True) -> Path:

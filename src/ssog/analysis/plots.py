@@ -10,7 +10,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from torch import nn
 
-from ..files import replacing
+from ..files import save_figure
 from .kernels import kernel_maps, ssog_modules
 
 TARGETS = {"mixer": "token mixer (worst layer)", "field": "continuous vector field (worst step)"}
@@ -89,6 +89,5 @@ def plot_kernels(model: nn.Module, path: str | Path, title: str = "") -> Path:
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path) as (tmp,):
-        fig.savefig(tmp, dpi=120, format=path.suffix[1:] or "png")
+    save_figure(fig, path, dpi=120)
     return path

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..files import replacing, write_atomic
+from ..files import save_figure, write_atomic
 from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
 from ..ops import BACKENDS, choose_backend, cpp_kernels, ssog_mix
 from ..ops.functional import _ssog_mix_unchecked
@@ -293,8 +293,7 @@ def plot_speedups(results: list[Measurement], path: Path) -> None:
         axis.minorticks_off()
         axis.legend()
     figure.tight_layout()
-    with replacing(path) as (tmp,):
-        figure.savefig(tmp, dpi=120, format="png")
+    save_figure(figure, path, dpi=120)
 
 
 def save(results: list[Measurement], steered: dict | None, config: OperatorConfig, output: Path) -> None:

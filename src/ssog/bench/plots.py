@@ -26,7 +26,7 @@ from matplotlib.ticker import LogFormatter, NullFormatter, ScalarFormatter
 
 from ssog.bench.report import paired_points
 from ssog.bench.results import BenchResults
-from ssog.files import replacing
+from ssog.files import save_figure
 
 __all__ = ["FIGURES", "plot_improvement", "plot_results", "plot_scaling", "plot_width"]
 
@@ -56,11 +56,7 @@ def _resolution_axis(ax, resolutions: Sequence[int]) -> None:
 
 
 def _save(fig: Figure, stem: Path) -> list[Path]:
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    with replacing(*paths) as temporaries:
-        for tmp, path in zip(temporaries, paths):
-            fig.savefig(tmp, dpi=150, bbox_inches="tight", format=path.suffix[1:])
-    return paths
+    return save_figure(fig, stem.with_suffix(".png"), stem.with_suffix(".pdf"), dpi=150, bbox_inches="tight")
 
 
 def plot_scaling(rows: Sequence[dict[str, Any]], stem: str | os.PathLike) -> list[Path]:

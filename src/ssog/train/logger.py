@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ssog.files import replacing, write_atomic
+from ssog.files import save_figure, write_atomic
 
 __all__ = ["RunLogger", "logging_backends", "plot_curves", "curves_figure", "wandb_run_id"]
 
@@ -34,9 +34,7 @@ def flat_record(record: dict[str, Any]) -> dict[str, Any]:
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss (train, val) and validation Acc@1/3/5 per epoch, side by side."""
-    fig = curves_figure(history)
-    with replacing(path) as (tmp,):
-        fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
+    save_figure(curves_figure(history), path, dpi=100)
 
 
 #: Up to this many epochs the curves mark each epoch's point (one epoch is a point, not a line).
