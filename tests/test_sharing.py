@@ -50,6 +50,8 @@ def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
     # a folder that holds a model is not replaced
     assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out)]) == 2
     assert "already holds a model (config.json)" in capsys.readouterr().err
+    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out), "--overwrite"]) == 2
+    assert "--format hf writes a new folder and never replaces one" in capsys.readouterr().err
 
 
 def test_presets_without_weights_still_refuse_pretrained():

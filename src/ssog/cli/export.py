@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--checkpoint", help="a run folder (its best) or a .safetensors checkpoint")
     parser.add_argument("--output", required=True, help="the .onnx file to write, an existing one refused unless "
                                                         "--overwrite (--format hf: a new folder)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing .onnx --output file")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing .onnx --output file (not with --format hf: it writes a new folder)")
     parser.add_argument("--format", choices=("onnx", "hf"), default="onnx",
                         help="onnx (default), or hf: timm's Hugging Face layout (config.json with the data config, "
                              "model.safetensors) through timm.models.save_for_hf, which "
@@ -73,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_hf(args: argparse.Namespace) -> int:
     from ssog.train.transfer import save_for_hf, save_run_for_hf
 
+    if args.overwrite:  # said, not ignored: a folder of the user's is never replaced
+        raise ValueError("--overwrite replaces an .onnx file; --format hf writes a new folder and never replaces "
+                         "one: choose a new --output")
     if args.model:
         from ssog.models import create_model
 
