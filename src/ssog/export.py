@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .files import replacing
+from .files import refuse_existing, replacing
 
 __all__ = ["EXPORT_PACKAGES", "export_onnx", "missing_export_packages", "verify_onnx"]
 
@@ -53,10 +53,12 @@ def export_onnx(
     missing = missing_export_packages()
     if missing:
         raise ImportError(f"ONNX export needs {', '.join(missing)}: pip install 'ssog[export]'")
+    path = Path(path)
+    if not overwrite:
+        refuse_existing([path])  # before the work (the rename refuses it too, should one appear meanwhile)
     model = model.eval().float().cpu()
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Every backend sizes its work for one image under a symbolic batch (ssog.ops.backends.any_batch).
     batch = torch.export.Dim("batch", min=1)
