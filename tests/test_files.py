@@ -68,6 +68,12 @@ def test_disk_full_keeps_the_previous_file_in_one_line(tmp_path, monkeypatch):
     assert caught.value.errno == errno.ENOSPC
     assert path.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # the partial temporary is gone
+    with pytest.raises(WriteError, match="writing .*last; nothing was written"):  # the file being written is named
+        with replacing(tmp_path / "best", tmp_path / "last") as (best, last):
+            best.write_bytes(b"123")
+            with files.open(last, "xb") as handle:
+                handle.write(b"full")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
     with pytest.raises(WriteError, match="nothing was written"):
         write_atomic(tmp_path / "new.json", "new contents")
     assert not (tmp_path / "new.json").exists()

@@ -125,7 +125,7 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     if not overwrite:
         refuse_existing(paths)
     temporaries = [temporary_path(path) for path in paths]
-    current = paths[0]
+    current = None  # the path being written when an error comes
     try:
         yield temporaries
         mode = 0o666 & ~_umask()
@@ -143,6 +143,8 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     except OSError as error:
         if isinstance(error, WriteError):
             raise
+        if current is None:  # in the block, which writes the temporaries in order: the newest one's path
+            current = next((path for path, tmp in zip(paths[::-1], temporaries[::-1]) if tmp.exists()), paths[0])
         raise _write_error(current, error, existed[paths.index(current)]) from error
     finally:
         for tmp in temporaries:
