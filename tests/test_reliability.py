@@ -477,6 +477,11 @@ def test_a_timm_model_without_img_size_trains_and_evaluates(tmp_path, capsys, ti
                  "--no-progress", "--output", str(run)]) == 0
     assert main(["eval", "--checkpoint", str(run)]) == 0
     assert "test_resnet on synthetic val (8 images, 8px): Acc@1" in capsys.readouterr().out
+    from ssog.export import missing_export_packages
+
+    if not missing_export_packages():  # exported at the size it trained at (it has no patch embedding to ask)
+        assert main(["export", "--checkpoint", str(run), "--output", str(tmp_path / "cnn.onnx")]) == 0
+        assert "input (batch, 3, 8, 8)" in capsys.readouterr().out
 
 
 def test_eval_names_patch_size_and_a_run_folder_without_best(one_epoch_run, capsys):

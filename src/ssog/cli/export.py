@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     check_num_classes(args.num_classes)
     if args.format == "hf":
         return _run_hf(args)
+    from ssog.data.data_config import model_data_config
     from ssog.export import export_onnx, missing_export_packages
     from ssog.files import refuse_existing
 
@@ -59,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
         from ssog.train.transfer import model_from_checkpoint
 
         model, name = model_from_checkpoint(args.checkpoint), args.checkpoint
-    input_size = (model.in_chans, *model.patch_embed.img_size)
+    patch_embed = getattr(model, "patch_embed", None)
+    # A model without patches (a timm CNN run) is exported at the input size it trained at.
+    input_size = (model.in_chans, *patch_embed.img_size) if patch_embed is not None else \
+        tuple(model_data_config(model)["input_size"])
     result = export_onnx(model, args.output, input_size, batch_size=args.batch_size, atol=args.atol,
                          overwrite=args.overwrite)
     if args.json:
