@@ -235,3 +235,14 @@ def test_16_bit_images_of_every_source_are_scaled_not_clipped(tmp_path):
     images = [hfds[0][0]] + [stream.shards.decode(next(stream.shards.read(0)))[0] for stream in (hfids, shards)]
     for image in images:
         assert image.mode == "RGB" and np.asarray(image).max() == np.asarray(image).min() == 100
+    # decoded here rather than in timm's reader: an image that does not decode is named
+    (tmp_path / "bad" / "data").mkdir(parents=True)
+    truncated = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(truncated, "png")
+    table = datasets.Dataset.from_dict({"image": [{"bytes": truncated.getvalue()[:1000], "path": None}] * 2,
+                                       "label": [0, 1]}, features=features)
+    for split in ("train", "validation"):
+        table.to_parquet(str(tmp_path / "bad" / "data" / f"{split}-00000-of-00001.parquet"))
+    with pytest.raises(ValueError, match=r"sample 0 of dataset hfds/.*bad split 'train': cannot decode its image "
+                                         r"\(OSError: image file is truncated\)"):
+        build_datasets(f"hfds/{tmp_path / 'bad'}", str(tmp_path / "cache"), num_classes=2)

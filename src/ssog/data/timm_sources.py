@@ -68,17 +68,22 @@ def _info(name: str, classes: Sequence[str], in_chans: int, native_size: int) ->
 class TimmMapDataset(Dataset):
     """A map-style dataset built by ``timm.data.create_dataset`` as ``(PIL RGB image, class
     index)`` pairs (converted by mode, :func:`~ssog.data.datasets.to_rgb`), with ``classes``
-    and ``targets`` (read without decoding images where the source allows)."""
+    and ``targets`` (read without decoding images where the source allows); ``source`` names
+    it in the error of an image that does not decode."""
 
-    def __init__(self, dataset: Dataset, classes: Sequence[str]):
-        self.dataset, self.classes = dataset, tuple(classes)
+    def __init__(self, dataset: Dataset, classes: Sequence[str], source: str = "the dataset"):
+        self.dataset, self.classes, self.source = dataset, tuple(classes), source
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, target = self.dataset[index][:2]
-        return to_rgb(image), int(target)
+        try:
+            return to_rgb(image), int(target)
+        except (OSError, ValueError) as error:  # decoded here, not in timm's reader (see _create_map)
+            raise ValueError(f"sample {index} of {self.source}: cannot decode its image "
+                             f"({type(error).__name__}: {error})") from error
 
     @cached_property
     def targets(self) -> list[int]:
@@ -452,11 +457,12 @@ def timm_datasets(
         classes = []
     if num_classes is not None and len(classes) != num_classes:
         classes = [str(c) for c in range(num_classes)]
-    train = TimmMapDataset(train, classes)
+    train = TimmMapDataset(train, classes, f"dataset {name} split {train_split!r}")
     if named_val is None:
         train, val = _split(train, train.targets, val_split, split_seed)
     else:
-        val = TimmMapDataset(_create_map(name, root, named_val, download, options), classes)
+        val = TimmMapDataset(_create_map(name, root, named_val, download, options), classes,
+                             f"dataset {name} split {named_val!r}")
     image = (train.dataset if hasattr(train, "indices") else train)[0][0]
     return train, val, _info(name, classes, len(image.getbands()), max(image.size))
 
