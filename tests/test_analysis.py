@@ -267,3 +267,13 @@ def test_analysis_model_describes_itself():
     loaded = AnalysisModel(small_model("ssog", "odevit", 1, steer=("sigma",)), "x", "here")
     assert loaded.describe() == {"model": "x", "source": "here", "family": "odevit", "op": "ssog",
                                  "steer": ["sigma"]}
+
+
+def test_kernel_rows_name_the_run_of_a_trained_model(checkpoint, tmp_path, capsys):
+    """Two runs of one model are told apart by their run folder, a random model by its name."""
+    path, _ = checkpoint
+    code = main(["analyze", "kernels", "--checkpoint", str(path), "--model", "ssog_vit_micro_patch1_8",
+                 "--device", "cpu", "--output", str(tmp_path / "out")])
+    assert code == 0
+    rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if "(all)" in line]
+    assert rows == ["ssog_vit_micro_patch1_8 (run)", "ssog_vit_micro_patch1_8"]

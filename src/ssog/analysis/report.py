@@ -1,6 +1,7 @@
 """Plain-text tables of the analyses' results."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 
@@ -14,6 +15,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = [header, ["-" * w for w in widths], *rows]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def _label(result: dict[str, Any]) -> str:
+    """The model's name and, for a trained one, its run folder (runs of one model differ by it)."""
+    source = result["source"]
+    return result["model"] if source.startswith("random init") else f"{result['model']} ({Path(source).parent.name})"
 
 
 def _setting(result: dict[str, Any]) -> str:
@@ -44,7 +51,7 @@ def lipschitz_table(results: Sequence[dict[str, Any]]) -> str:
         for target in ("mixer", "field"):
             curve = r["summary"].get(target)
             if curve:
-                rows.append([r["model"], _setting(r), target, _number(curve["bound"]),
+                rows.append([_label(r), _setting(r), target, _number(curve["bound"]),
                              *(_number(v) for v in curve["ball"])])
     return _table(header, rows)
 
@@ -56,11 +63,11 @@ def kernels_table(results: Sequence[dict[str, Any]]) -> str:
     for r in results:
         stats = r["kernels"]
         for m in stats["mixers"]:
-            rows.append([r["model"], m["module"], ",".join(m["steer"]) or "-", f"{m['min_sigma']:.3f}",
+            rows.append([_label(r), m["module"], ",".join(m["steer"]) or "-", f"{m['min_sigma']:.3f}",
                          f"{m['mean_abs_mu']:.3f}", f"{m['max_abs_mu']:.3f}", f"{m['max_weight']:.3f}"])
-            weights.append(f"{r['model']} {m['module']} weights: "
+            weights.append(f"{_label(r)} {m['module']} weights: "
                            + "  ".join(f"h{h} " + " ".join(f"{w:.2f}" for w in head)
                                        for h, head in enumerate(m["weight"])))
-        rows.append([r["model"], "(all)", "", f"{stats['min_sigma']:.3f}", f"{stats['mean_abs_mu']:.3f}", "",
+        rows.append([_label(r), "(all)", "", f"{stats['min_sigma']:.3f}", f"{stats['mean_abs_mu']:.3f}", "",
                      f"{stats['max_weight']:.3f}"])
     return _table(header, rows) + "\n\n" + "\n".join(weights)
