@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     limit_openmp_spinning()  # before the sub-commands import torch
+    from ssog.logs import install_cli_handler
+
+    install_cli_handler()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
