@@ -164,7 +164,7 @@ def _saved(tmp_path, image: Image.Image, name: str) -> str:
 
 
 def test_sixteen_bit_and_float_images_are_scaled_not_clipped(tmp_path):
-    from ssog.data.datasets import load_image
+    from ssog.data.images import load_image
 
     ramp = np.linspace(0, 1, 64).reshape(8, 8)
     png16 = _saved(tmp_path, Image.fromarray(np.round(ramp * 65535).astype(np.uint16)), "a.png")
@@ -182,7 +182,7 @@ def test_sixteen_bit_and_float_images_are_scaled_not_clipped(tmp_path):
 
 
 def test_alpha_and_palette_images_keep_their_colours(tmp_path, recwarn):
-    from ssog.data.datasets import load_image
+    from ssog.data.images import load_image
 
     rgb = np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
     alpha = np.full((8, 8, 1), 7, dtype=np.uint8)  # nearly transparent: dropped, not composited
@@ -200,7 +200,7 @@ def test_alpha_and_palette_images_keep_their_colours(tmp_path, recwarn):
 
 
 # ---------------------------------------------------------------- what an ImageFolder holds
-def test_hidden_entries_symlink_loops_and_unread_files(tmp_path, capsys):
+def test_hidden_entries_symlink_loops_and_unread_files(tmp_path, caplog):
     import os
 
     _image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
@@ -224,11 +224,10 @@ def test_hidden_entries_symlink_loops_and_unread_files(tmp_path, capsys):
     names = sorted((os.path.relpath(path, train), target) for path, target in folder.samples)
     assert names == [("cat/0.png", 0), ("cat/1.png", 0), ("cat/anim.gif", 0),
                      ("dog/0.png", 1), ("dog/1.png", 1), ("dog/extra/more.png", 1)]
-    err = capsys.readouterr().err.splitlines()
-    assert err == [
-        f"warning: {train}: did not follow 2 symlinked folder(s) that lead back into folders already read (a loop "
+    assert [record.getMessage() for record in caplog.records if record.levelname == "WARNING"] == [
+        f"{train}: did not follow 2 symlinked folder(s) that lead back into folders already read (a loop "
         f"would repeat and mislabel images): cat/dogs -> {train / 'dog'}; cat/up -> {train}",
-        f"warning: {train}: ignored 3 file(s) of types the image loader does not read (.txt x1, .xyz x1, "
+        f"{train}: ignored 3 file(s) of types the image loader does not read (.txt x1, .xyz x1, "
         f"broken link x1) and 2 hidden entries (.ipynb_checkpoints, cat/.DS_Store)",
     ]
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from ssog.data.data_config import resolve_data_config
-from ssog.data.datasets import CIFAR10_MEAN, CIFAR10_STD
+from ssog.image_statistics import CIFAR10_MEAN, CIFAR10_STD
 from ssog.export import missing_export_packages
 from ssog.train import TrainConfig, load_checkpoint, resolve_config, train
 from ssog.train.builders import build_data, run_data_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
-from ssog.data.datasets import DatasetInfo, dataset_targets
+from ssog.data.info import DatasetInfo, dataset_targets
 
 __all__ = ["CUSTOM_DATASET", "custom_datasets"]
 

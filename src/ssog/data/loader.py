@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-__all__ = ["TransformedDataset", "EpochSampler", "ShardSampler", "build_loader", "sample_seed"]
+__all__ = ["TransformedDataset", "EpochSampler", "ShardSampler", "build_loader", "sample_seed", "seeded_rngs"]
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -24,7 +24,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 @contextmanager
-def _seeded(seed: int):
+def seeded_rngs(seed: int):
     """Seed python, numpy and torch (CPU) for the block, then restore their previous states."""
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
@@ -59,7 +59,7 @@ class TransformedDataset(Dataset):
         image, target = self.base[index]
         if self.seed is None:
             return self.transform(image), target
-        with _seeded(sample_seed(self.seed, epoch, index)):
+        with seeded_rngs(sample_seed(self.seed, epoch, index)):
             return self.transform(image), target
 
 

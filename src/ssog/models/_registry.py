@@ -17,11 +17,11 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
+from ..image_statistics import CIFAR10_MEAN, CIFAR10_STD
 from ._base import checkpoint_filter_fn
 from ._blocks import OPS
 from ._names import MODEL_NAMES
 
-_CIFAR10_MEAN, _CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 _DIGITS_CFG = dict(input_size=(1, 8, 8), num_classes=10, mean=(0.5,), std=(0.5,), crop_pct=1.0)
 
 #: Presets: model arguments (``applications`` = blocks / loop iterations / NFE) and the
@@ -34,7 +34,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # CPU presets. 32 px CIFAR-size images, 8x8 tokens.
     "tiny_patch4_32": dict(
         img_size=32, patch_size=4, embed_dim=128, num_heads=4, applications=6,
-        cfg=dict(input_size=(3, 32, 32), num_classes=10, mean=_CIFAR10_MEAN, std=_CIFAR10_STD,
+        cfg=dict(input_size=(3, 32, 32), num_classes=10, mean=CIFAR10_MEAN, std=CIFAR10_STD,
                  crop_pct=1.0),
     ),
     # 8x8 single-channel images (scikit-learn's digits, the embedded default data set):

@@ -18,7 +18,7 @@ from ssog.data import (
 )
 from ssog.data.custom import CUSTOM_DATASET, custom_datasets
 from ssog.data.data_config import resolve_data_config
-from ssog.data.timm_sources import ShardStream, StreamLoader, stream_readers
+from ssog.data.streams import ShardStream, StreamLoader, stream_readers
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 

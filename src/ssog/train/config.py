@@ -383,7 +383,7 @@ def upgrade_checkpoint_config(values: dict[str, Any]) -> dict[str, Any]:
     an ImageFolder run trained with ImageNet's statistics at 224 px unless its ``img_size`` said
     otherwise) and bicubic resizing. Without this the model's ``pretrained_cfg`` would decide, and
     an old run would be evaluated on differently normalised images. Newer configs pass unchanged."""
-    from ssog.data.datasets import SOURCE_STATISTICS
+    from ssog.data.info import SOURCE_STATISTICS
 
     if "mean" in values or values.get("dataset") not in SOURCE_STATISTICS:
         return values

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ssog.data.datasets import class_difference
+from ssog.data.folder import class_difference
 from ssog.layers import ssog_mixers
 from ssog.runtime import is_out_of_memory
 from ssog.train.builders import build_eval_data

@@ -1,20 +1,16 @@
-"""timm's data sources: every ``timm.data.create_dataset`` name (``hfds/``, ``hfids/``, ``wds/``,
-``tfds/``, ``torch/``) as a training and a validation set.
+"""timm's iterable sources, read as streams: ``wds/`` (WebDataset tar shards) and ``hfids/``
+(a streamed Hugging Face dataset) by :class:`ShardStream`, ``tfds/`` (TensorFlow datasets) by
+timm's own reader.
 
-Map-style sources (``hfds/``: a Hugging Face dataset, ``torch/``: a torchvision data set) are
-read through ``timm.data.create_dataset`` and index like the built-in ones, so they keep
-the exact-resume sampling of :mod:`ssog.data.loader`.
-
-Iterable sources (``wds/``: WebDataset tar shards, ``hfids/``: a streamed Hugging Face
-dataset) are read by :class:`ShardStream`, shard by shard, and resume at shard level: an
-epoch deals the shards, in an order seeded by ``(seed, epoch)``, to the readers (processes x
-loader workers); each reader shuffles each shard's samples in a buffer seeded by ``(seed,
-epoch, shard)``; a checkpoint records how many shards each reader has finished, and a resumed
-run skips those and reads the shard each reader was in again from its start (docs/training.md,
-"Resuming a stream"). timm's own iterable readers keep their shuffle state inside the
-loader's workers, so a run on them can only restart an epoch: hence this reader of our own,
-on webdataset's tar iterator and datasets' shards. ``tfds/`` (TensorFlow datasets) goes
-through timm's reader and resumes at the epoch's start.
+:class:`ShardStream` reads shard by shard and resumes at shard level: an epoch deals the
+shards, in an order seeded by ``(seed, epoch)``, to the readers (processes x loader workers);
+each reader shuffles each shard's samples in a buffer seeded by ``(seed, epoch, shard)``; a
+checkpoint records how many shards each reader has finished, and a resumed run skips those and
+reads the shard each reader was in again from its start (docs/training.md, "Resuming a
+stream"). timm's own iterable readers keep their shuffle state inside the loader's workers, so
+a run on them can only restart an epoch: hence this reader of our own, on webdataset's tar
+iterator and datasets' shards. ``tfds/`` goes through timm's reader and resumes at the epoch's
+start.
 """
 from __future__ import annotations
 
@@ -25,104 +21,27 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import count
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
 from PIL import Image
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from ssog.data.datasets import DatasetInfo, _split, to_rgb
-from ssog.data.loader import _seeded, sample_seed
+from ssog.data.images import to_rgb
+from ssog.data.info import DATA_EXTRA, DatasetInfo, timm_source_info
+from ssog.data.loader import sample_seed, seeded_rngs
 
 __all__ = [
-    "TIMM_PREFIXES", "ITERABLE_PREFIXES", "is_timm_source", "timm_datasets", "ShardStream", "StreamLoader",
-    "TimmMapDataset", "stream_readers",
+    "SHUFFLE_SIZE", "WdsShards", "HfShards", "ShardStream", "StreamLoader", "stream_datasets", "stream_readers",
 ]
 
-TIMM_PREFIXES = ("hfds/", "hfids/", "wds/", "tfds/", "torch/")
-ITERABLE_PREFIXES = ("hfids/", "wds/", "tfds/")
-#: The validation split's name when ``val_split`` is unset (timm's train.py default).
-DEFAULT_VAL_SPLIT = "validation"
 #: Samples a reader holds to shuffle one shard (``dataset_kwargs.shuffle_size``).
 SHUFFLE_SIZE = 1024
-#: Option keys read from ``dataset_kwargs`` by the iterable readers; map-style sources pass
-#: ``dataset_kwargs`` to ``timm.data.create_dataset`` as they are.
+#: Option keys read from ``dataset_kwargs`` by the iterable readers.
 _STREAM_OPTIONS = ("input_key", "target_key", "shuffle_size", "num_samples")
-_EXTRA = "pip install 'ssog[data]'"
 
 
-def is_timm_source(name: str) -> bool:
-    """Whether ``name`` is a ``timm.data.create_dataset`` name with a source prefix."""
-    return name.lower().startswith(TIMM_PREFIXES)
-
-
-def _info(name: str, classes: Sequence[str], in_chans: int, native_size: int) -> DatasetInfo:
-    # mean/std/crop_pct here only describe the source; a run takes them from its data config.
-    return DatasetInfo(name, len(classes), in_chans, native_size, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
-                       crop_pct=1.0, classes=tuple(classes))
-
-
-# ---------------------------------------------------------------- map-style: hfds/, torch/
-class TimmMapDataset(Dataset):
-    """A map-style dataset built by ``timm.data.create_dataset`` as ``(PIL RGB image, class
-    index)`` pairs (converted by mode, :func:`~ssog.data.datasets.to_rgb`), with ``classes``
-    and ``targets`` (read without decoding images where the source allows); ``source`` names
-    it in the error of an image that does not decode."""
-
-    def __init__(self, dataset: Dataset, classes: Sequence[str], source: str = "the dataset"):
-        self.dataset, self.classes, self.source = dataset, tuple(classes), source
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
-        image, target = self.dataset[index][:2]
-        try:
-            return to_rgb(image), int(target)
-        except (OSError, ValueError) as error:  # decoded here, not in timm's reader (see _create_map)
-            raise ValueError(f"sample {index} of {self.source}: cannot decode its image "
-                             f"({type(error).__name__}: {error})") from error
-
-    @cached_property
-    def targets(self) -> list[int]:
-        if hasattr(self.dataset, "targets"):  # torchvision
-            return [int(t) for t in self.dataset.targets]
-        reader = getattr(self.dataset, "reader", None)
-        if reader is not None and hasattr(reader, "iter_targets"):  # timm's hfds reader: the label column
-            return [int(t) for t in reader.iter_targets()]
-        return [int(self.dataset[i][1]) for i in range(len(self.dataset))]
-
-
-def _map_classes(dataset: Dataset, name: str) -> list[str]:
-    classes = getattr(dataset, "classes", None)
-    if classes is None and getattr(dataset, "reader", None) is not None:
-        mapping = dataset.reader.class_to_idx  # {name: index}
-        classes = sorted(mapping, key=mapping.get)
-    if not classes:
-        raise ValueError(f"dataset {name}: the source does not name its classes; map them with "
-                         "dataset_kwargs.class_map (a file of class names, one a line)")
-    return [str(c) for c in classes]
-
-
-def _create_map(name: str, root: str | None, split: str, download: bool, options: Mapping[str, Any]) -> Dataset:
-    from timm.data import create_dataset
-
-    # timm's readers would convert images with PIL's convert("RGB"), which clips 16-bit and float
-    # pixels; TimmMapDataset converts them by mode (to_rgb), as the built-in sources do.
-    options = {"input_img_mode": None, **options}
-    try:
-        return create_dataset(name, root=root, split=split, download=download, **options)
-    except AssertionError as error:  # timm asserts on unknown torchvision names
-        raise ValueError(f"dataset {name}: {error or 'timm.data.create_dataset does not know it'}") from None
-    except ImportError as error:
-        raise ValueError(f"dataset {name} needs the {error.name} package: {_EXTRA}") from None
-    except (FileNotFoundError, RuntimeError) as error:  # torchvision's "Dataset not found" and friends
-        raise ValueError(f"dataset {name} split {split!r} (data_dir {root}): {error}") from None
-
-
-# ---------------------------------------------------------------- iterable: shards
 def _buffered_shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
     """``samples`` in an order shuffled within a sliding buffer of ``size`` (webdataset's rule)."""
     buffer: list[Any] = []
@@ -266,7 +185,7 @@ class ShardStream(IterableDataset):
                     break
                 current = next(samples, None)
                 image, target = self.shards.decode(previous)
-                with _seeded(sample_seed(self.seed, self.epoch, shard * 2**32 + index)):
+                with seeded_rngs(sample_seed(self.seed, self.epoch, shard * 2**32 + index)):
                     image = self.transform(image)
                 yield image, target, reader, done + (current is None)
                 previous = current
@@ -321,7 +240,6 @@ class StreamLoader:
         return True
 
 
-# ---------------------------------------------------------------- iterable sources
 def _split_urls(root: str, split: str) -> tuple[list[str], int | None, dict[str, Any]]:
     """timm's WebDataset split syntax: a name in ``root/_info.json`` (``splits: {name: {filenames,
     num_samples}}``), or shard names in brace notation with ``|count`` (``train-{0000..0146}.tar|1281167``)."""
@@ -355,7 +273,7 @@ def _stream(name: str, root: str | None, split: str, train: bool, options: Mappi
         try:
             import webdataset  # noqa: F401
         except ImportError:
-            raise ValueError(f"dataset {name} needs the webdataset package: {_EXTRA}") from None
+            raise ValueError(f"dataset {name} needs the webdataset package: {DATA_EXTRA}") from None
         base = root or source
         if not base:
             raise ValueError(f"dataset {name}: give the shards' folder as data_dir")
@@ -366,7 +284,7 @@ def _stream(name: str, root: str | None, split: str, train: bool, options: Mappi
         try:
             import datasets  # noqa: F401
         except ImportError:
-            raise ValueError(f"dataset {name} needs the datasets package: {_EXTRA}") from None
+            raise ValueError(f"dataset {name} needs the datasets package: {DATA_EXTRA}") from None
         shards = HfShards(source, root, split, **keys)
         try:
             features = shards.dataset.features
@@ -408,63 +326,32 @@ def _timm_iterable(name: str, root: str | None, split: str, train: bool, downloa
                          "tensorflow-datasets)") from None
 
 
-# ---------------------------------------------------------------- entry
-def timm_datasets(
+def stream_datasets(
     name: str,
     root: str | None,
     *,
-    train_split: str = "train",
-    val_split: str | float | int | None = None,
-    split_seed: int = 0,
-    download: bool = False,
-    seed: int = 0,
-    num_classes: int | None = None,
-    options: Mapping[str, Any] | None = None,
-):
-    """The ``(train, val, info)`` of a ``timm.data.create_dataset`` name.
-
-    ``val_split``: the validation split's name (default ``validation``), or for a map-style
-    source a fraction / count split off the training split (stratified, seeded by
-    ``split_seed``). ``options`` (``dataset_kwargs``) go to ``create_dataset`` for map-style
-    sources (``class_map``, ``input_key``, ``target_key``, ...); the iterable readers take
-    ``input_key``, ``target_key``, ``shuffle_size`` and ``num_samples``. ``num_classes`` sets
-    the class count where the source does not say it (WebDataset without ``classes`` in its
-    ``_info.json``).
-    """
-    options = dict(options or {})
-    prefix = name.partition("/")[0].lower() + "/"
-    named_val = val_split if isinstance(val_split, str) else DEFAULT_VAL_SPLIT if val_split is None else None
-    if prefix in ITERABLE_PREFIXES:
-        if named_val is None:
-            raise ValueError(f"dataset {name} is read as a stream: val_split must name its validation split "
-                             f"(e.g. {DEFAULT_VAL_SPLIT}), not a fraction or count to split off")
-        if prefix == "tfds/":
-            train = _timm_iterable(name, root, train_split, True, download, seed, options)
-            val = _timm_iterable(name, root, named_val, False, download, seed, options)
-            classes = [str(c) for c in range(num_classes or 0)]
-        else:
-            train, classes = _stream(name, root, train_split, True, options, num_classes)
-            val, _ = _stream(name, root, named_val, False, options, num_classes)
-        if len(classes) < 2:
-            raise ValueError(f"dataset {name}: cannot tell the number of classes; set num_classes")
-        return train, val, _info(name, classes, 3, 0)
-    train = _create_map(name, root, train_split, download, options)
-    try:
-        classes = _map_classes(train, name)
-    except ValueError:
-        if num_classes is None:
-            raise
-        classes = []
-    if num_classes is not None and len(classes) != num_classes:
-        classes = [str(c) for c in range(num_classes)]
-    train = TimmMapDataset(train, classes, f"dataset {name} split {train_split!r}")
-    if named_val is None:
-        train, val = _split(train, train.targets, val_split, split_seed)
+    train_split: str,
+    val_split: str,
+    download: bool,
+    seed: int,
+    options: Mapping[str, Any],
+    num_classes: int | None,
+) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """The ``(train, val, info)`` of an iterable source, ``val_split`` naming its validation
+    split. ``options`` (``dataset_kwargs``): the :class:`ShardStream` readers take ``input_key``,
+    ``target_key``, ``shuffle_size`` and ``num_samples``, timm's ``tfds/`` reader all of them;
+    ``num_classes`` sets the class count where the source does not say it (WebDataset without
+    ``classes`` in its ``_info.json``, ``tfds/``)."""
+    if name.lower().startswith("tfds/"):
+        train = _timm_iterable(name, root, train_split, True, download, seed, options)
+        val = _timm_iterable(name, root, val_split, False, download, seed, options)
+        classes = [str(c) for c in range(num_classes or 0)]
     else:
-        val = TimmMapDataset(_create_map(name, root, named_val, download, options), classes,
-                             f"dataset {name} split {named_val!r}")
-    image = (train.dataset if hasattr(train, "indices") else train)[0][0]
-    return train, val, _info(name, classes, len(image.getbands()), max(image.size))
+        train, classes = _stream(name, root, train_split, True, options, num_classes)
+        val, _ = _stream(name, root, val_split, False, options, num_classes)
+    if len(classes) < 2:
+        raise ValueError(f"dataset {name}: cannot tell the number of classes; set num_classes")
+    return train, val, timm_source_info(name, classes, 3, 0)
 
 
 def stream_readers(world_size: int, num_workers: int) -> int:

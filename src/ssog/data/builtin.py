@@ -1,0 +1,112 @@
+"""The built-in sources: scikit-learn's embedded digits, CIFAR-10/100 (torchvision's files)
+and synthetic images, each as ``(train, val, info)`` of ``(PIL image, class index)`` pairs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+from ssog.data.info import SOURCE_STATISTICS, DatasetInfo, split_dataset
+
+__all__ = ["ArrayDataset", "digits_datasets", "cifar_datasets", "synthetic_datasets"]
+
+
+class ArrayDataset(Dataset):
+    """In-memory ``uint8`` images ``(N, H, W)`` (grey) or ``(N, H, W, 3)`` (RGB) with labels."""
+
+    def __init__(self, images: np.ndarray, targets: Sequence[int]):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(targets):
+            raise ValueError(
+                f"ArrayDataset expects uint8 images (N, H, W[, 3]) and N targets, got "
+                f"{images.dtype} {images.shape} and {len(targets)} targets"
+            )
+        self.images = images
+        self.targets = [int(t) for t in targets]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return Image.fromarray(self.images[index]), self.targets[index]
+
+
+def digits_datasets(val_split: float | int | None, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """scikit-learn's 1797 8x8 grey digits, split by ``val_split`` (default 20%) seeded by ``seed``."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()  # bundled with scikit-learn: 1797 images, 8x8, values 0..16
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    full = ArrayDataset(images, digits.target)
+    train, val = split_dataset(full, full.targets, 0.2 if val_split is None else val_split, seed)
+    size, mean, std, _ = SOURCE_STATISTICS["digits"]
+    info = DatasetInfo("digits", 10, 1, size, mean, std, hflip=False,
+                       classes=tuple(str(c) for c in digits.target_names))
+    return train, val, info
+
+
+def synthetic_datasets(size: int, num_classes: int, img_size: int, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """Random RGB images with a class-dependent colour offset, so that a model can learn them."""
+    if size < 2 * num_classes:
+        raise ValueError(f"synthetic_size must be at least 2 * num_classes = {2 * num_classes}, got {size}")
+    rng = np.random.default_rng(seed)
+    n_val = max(num_classes, size // 4)
+    targets = np.arange(size + n_val) % num_classes
+    offsets = rng.uniform(-60, 60, size=(num_classes, 1, 1, 3))
+    noise = rng.normal(127.5, 40.0, size=(size + n_val, img_size, img_size, 3))
+    images = np.clip(noise + offsets[targets], 0, 255).astype(np.uint8)
+    _, mean, std, _ = SOURCE_STATISTICS["synthetic"]
+    info = DatasetInfo("synthetic", num_classes, 3, img_size, mean, std,
+                       classes=tuple(str(c) for c in range(num_classes)))
+    return ArrayDataset(images[:size], targets[:size]), ArrayDataset(images[size:], targets[size:]), info
+
+
+def cifar_datasets(name: str, root: str | None, download: bool, val_split: float | int | None,
+                   seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """CIFAR-10 or -100 (``name``) from torchvision's files in ``root``: its test set as the
+    validation set, or with ``val_split`` a split of its training set seeded by ``seed``."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    cls, folder = (CIFAR10, "cifar-10-batches-py") if name == "cifar10" else (CIFAR100, "cifar-100-python")
+    if root is None:
+        raise ValueError(f"dataset {name!r} needs data_dir (a folder holding {folder}/, or --download)")
+    if Path(root).is_file():
+        raise NotADirectoryError(f"data folder {root} is a file, not a folder; expected a folder holding {folder}/")
+    try:
+        train = cls(root, train=True, download=download)
+        test = None if val_split is not None else cls(root, train=False, download=download)
+    except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
+        if (Path(root) / folder).is_dir():
+            raise ValueError(_cifar_damage(cls, name, Path(root) / folder)) from error
+        raise FileNotFoundError(
+            f"{name} not found in {root}: expected the python version of the data set in "
+            f"{Path(root) / folder} (pass --download where a network is available)"
+        ) from error
+    except OSError as error:  # a download that failed (no network): urllib's errors
+        if not download:
+            raise
+        reason = getattr(error, "reason", None) or error.strerror or error
+        raise OSError(f"could not download {name} from {cls.url} ({reason}); where this machine has no network, "
+                      f"fetch {cls.filename} elsewhere and extract it into {root}") from error
+    size, mean, std, _ = SOURCE_STATISTICS[name]
+    info = DatasetInfo(name, len(train.classes), 3, size, mean, std, classes=tuple(train.classes))
+    if test is None:
+        train, test = split_dataset(train, train.targets, val_split, seed)
+    return train, test, info
+
+
+def _cifar_damage(cls: type, name: str, folder: Path) -> str:
+    """Why torchvision refused a CIFAR folder that exists: its files that are missing or fail
+    their MD5 check."""
+    from torchvision.datasets.utils import check_integrity
+
+    files = [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]
+    missing = [file for file, _ in files if not (folder / file).is_file()]
+    corrupt = [file for file, md5 in files if file not in missing and not check_integrity(str(folder / file), md5)]
+    found = "; ".join(part for part in (missing and f"missing: {', '.join(missing)}",
+                                        corrupt and f"failing their MD5 check: {', '.join(corrupt)}") if part)
+    return (f"{name} in {folder} is incomplete or corrupt ({found}); delete {folder} and download it again "
+            "(--download)")

@@ -1,0 +1,259 @@
+"""ImageFolder trees (``DIR/<class>/<image>``): the scan of a folder, its images checked before
+use, the train and val folders of a data folder, and a folder to evaluate.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+from ssog.data.images import load_image, readable_extensions, unreadable_images
+from ssog.data.info import SOURCE_STATISTICS, DatasetInfo, split_dataset
+
+__all__ = [
+    "IMAGEFOLDER_LAYOUT", "SPLIT_FOLDERS", "FolderScan", "scan_image_folder", "ImageFiles", "split_folder",
+    "imagefolder_datasets", "evaluation_folder", "class_difference",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGEFOLDER_LAYOUT = (
+    "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
+    "(or DIR/validation/..., timm's name; or only DIR/train with val_split set)"
+)
+
+
+@dataclass
+class FolderScan:
+    """What :func:`scan_image_folder` found in ``root``: the class folders, the ``(path, class
+    index)`` samples, and what it left out: files of types PIL does not read (count per
+    extension), hidden entries (names starting with ``.``), and symlinked folders not
+    followed because they lead back into a folder already read (a loop, or a second way in)."""
+
+    root: Path
+    classes: list[str]
+    samples: list[tuple[str, int]]
+    unread: dict[str, int] = field(default_factory=dict)
+    hidden: list[str] = field(default_factory=list)
+    repeated_folders: list[str] = field(default_factory=list)
+
+    def report(self) -> list[str]:
+        """Warning messages, one per kind of entry left out (none when nothing was)."""
+        lines = []
+        if self.repeated_folders:
+            shown = "; ".join(self.repeated_folders[:3]) + ("; ..." if len(self.repeated_folders) > 3 else "")
+            lines.append(f"{self.root}: did not follow {len(self.repeated_folders)} symlinked folder(s) "
+                         f"that lead back into folders already read (a loop would repeat and mislabel images): "
+                         f"{shown}")
+        parts = []
+        if self.unread:
+            kinds = ", ".join(f"{ext or 'no extension'} x{count}" for ext, count in sorted(self.unread.items()))
+            parts.append(f"{sum(self.unread.values())} file(s) of types the image loader does not read ({kinds})")
+        if self.hidden:
+            shown = ", ".join(self.hidden[:3]) + (", ..." if len(self.hidden) > 3 else "")
+            parts.append(f"{len(self.hidden)} hidden entr{'y' if len(self.hidden) == 1 else 'ies'} ({shown})")
+        if parts:
+            lines.append(f"{self.root}: ignored {' and '.join(parts)}")
+        return lines
+
+
+def scan_image_folder(root: str | Path) -> FolderScan:
+    """The images of ``root/<class>/...`` (any depth), as torchvision's ImageFolder finds them,
+    but: entries whose name starts with ``.`` (``.ipynb_checkpoints``, ``.DS_Store``) are
+    neither classes nor images; every format PIL reads counts as an image (``.gif``, ``.tif``,
+    ``.webp``, ...); symlinked files and folders are followed, except a folder whose real path
+    was already read (a loop such as ``a/up -> ..``, or a link into another class), which is
+    left out and reported. Classes are sorted; so is every folder's content.
+    """
+    root = Path(root)
+    readable = readable_extensions()
+    scan = FolderScan(root, [], [])
+    class_dirs = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            scan.hidden.append(entry.name)
+        elif entry.is_dir():
+            class_dirs.append(Path(entry.path))
+    scan.classes = [folder.name for folder in class_dirs]
+    # Every class folder is read as its own class first, so a link into it from elsewhere is a repeat.
+    seen = {os.path.realpath(root): root}
+    for folder in class_dirs:
+        seen.setdefault(os.path.realpath(folder), folder)
+
+    def walk(folder: Path, target: int) -> None:
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            path = Path(entry.path)
+            if entry.name.startswith("."):
+                scan.hidden.append(str(path.relative_to(root)))
+            elif entry.is_dir():
+                real = os.path.realpath(path)
+                if real in seen:
+                    scan.repeated_folders.append(f"{path.relative_to(root)} -> {seen[real]}")
+                    continue
+                seen[real] = path
+                walk(path, target)
+            elif entry.is_file():
+                extension = path.suffix.lower()
+                if extension in readable:
+                    scan.samples.append((str(path), target))
+                else:
+                    scan.unread[extension] = scan.unread.get(extension, 0) + 1
+            else:  # a broken symlink
+                scan.unread["broken link"] = scan.unread.get("broken link", 0) + 1
+
+    for index, folder in enumerate(class_dirs):
+        if seen[os.path.realpath(folder)] == folder:
+            walk(folder, index)
+    return scan
+
+
+class ImageFiles(Dataset):
+    """``(PIL RGB image, class index)`` of image files, with torchvision ImageFolder's attributes
+    (``root``, ``classes``, ``class_to_idx``, ``samples``, ``targets``). Not torchvision's class
+    itself: it scans its folder on creation, with the rules :func:`scan_image_folder` replaces."""
+
+    def __init__(self, root: str | Path, classes: Sequence[str], samples: Sequence[tuple[str, int]]):
+        self.root = str(root)
+        self.classes = list(classes)
+        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
+        self.samples = list(samples)
+        self.targets = [target for _, target in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        path, target = self.samples[index]
+        return load_image(path), target
+
+
+def _image_folder(path: Path, skip_bad_images: bool = False) -> ImageFiles:
+    """:class:`ImageFiles` of :func:`scan_image_folder`'s samples, checked by
+    :func:`unreadable_images`; every class must keep at least one image."""
+    scan = scan_image_folder(path) if path.is_dir() else None
+    if scan is None or not scan.classes:
+        hidden = f" (only hidden folders: {', '.join(scan.hidden)})" if scan is not None and scan.hidden else ""
+        raise ValueError(f"{path} has no class folders{hidden}; expected {IMAGEFOLDER_LAYOUT}")
+    for line in scan.report():
+        logger.warning(line)
+
+    _check_classes_have_images(path, scan.classes, scan.samples, "holds no image PIL reads")
+    folder = ImageFiles(path, scan.classes, scan.samples)
+    bad = unreadable_images([sample for sample, _ in folder.samples])
+    if bad and not skip_bad_images:
+        shown = "; ".join(f"{file} ({reason})" for file, reason in bad[:3])
+        raise ValueError(f"{len(bad)} unreadable image(s) in {path}: {shown}{'; ...' if len(bad) > 3 else ''}; "
+                         "remove them, or pass --skip-bad-images to train without them")
+    if bad:
+        for file, reason in bad:
+            logger.warning("skipping unreadable image %s (%s)", file, reason)
+        logger.warning("skipped %d unreadable image(s) in %s", len(bad), path)
+        skipped = {file for file, _ in bad}
+        folder = ImageFiles(path, folder.classes, [s for s in folder.samples if s[0] not in skipped])
+        _check_classes_have_images(path, folder.classes, folder.samples, "has no readable image left after "
+                                   "--skip-bad-images left out its unreadable ones")
+    return folder
+
+
+def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequence[tuple[str, int]],
+                               what: str) -> None:
+    """A class without images would train as a class that never occurs: an error naming it."""
+    counts = np.bincount([target for _, target in samples], minlength=len(classes))
+    empty = [classes[i] for i in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ValueError(f"class folder(s) {_shown(empty)} of {path} {what}; add images or remove the folder(s); "
+                         f"expected {IMAGEFOLDER_LAYOUT}")
+
+
+def _shown(names: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``names``, and how many there are in all when that is more."""
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+#: Names of an ImageFolder's split folders, in the order they are looked for.
+SPLIT_FOLDERS = {"train": ("train",), "val": ("val", "validation")}
+
+
+def split_folder(base: Path, split: str) -> Path | None:
+    """The folder of ``split`` (``train`` or ``val``) in ``base``: the first of its
+    :data:`SPLIT_FOLDERS` names that exists, else None."""
+    return next((base / name for name in SPLIT_FOLDERS[split] if (base / name).is_dir()), None)
+
+
+def _data_folder(root: str | Path, expected: str) -> Path:
+    """``root`` as an existing folder, or an error saying what it is instead."""
+    base = Path(root)
+    if base.is_file():
+        raise NotADirectoryError(f"data folder {base} is a file, not a folder; expected {expected}")
+    if not base.is_dir():
+        raise FileNotFoundError(f"data folder {base} does not exist; expected {expected}")
+    return base
+
+
+def imagefolder_datasets(root: str | None, val_split: float | int | None, seed: int,
+                         skip_bad_images: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """The train and val folders of ``root`` (:data:`IMAGEFOLDER_LAYOUT`), or with ``val_split``
+    a split of its train folder seeded by ``seed``. Every image is checked first
+    (:func:`~ssog.data.images.unreadable_images`): an unreadable one is an error naming it, or
+    with ``skip_bad_images`` a warning naming it, and it is left out."""
+    if root is None:
+        raise ValueError(f"dataset 'imagefolder' needs data_dir; expected {IMAGEFOLDER_LAYOUT}")
+    base = _data_folder(root, IMAGEFOLDER_LAYOUT)
+    train_folder, val_folder = split_folder(base, "train"), split_folder(base, "val")
+    if train_folder is None:
+        found = sorted(p.name for p in base.iterdir() if p.is_dir())
+        raise ValueError(f"{base} has no 'train' folder (found folders: {found}); expected {IMAGEFOLDER_LAYOUT}")
+    train = _image_folder(train_folder, skip_bad_images)
+    if len(train.classes) < 2:
+        raise ValueError(f"{train_folder} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
+                         f"classification needs at least 2 classes; expected {IMAGEFOLDER_LAYOUT}")
+    if val_split is not None:
+        train_set, val_set = split_dataset(train, train.targets, val_split, seed)
+    elif val_folder is not None:
+        train_set, val_set = train, _image_folder(val_folder, skip_bad_images)
+        if val_set.classes != train.classes:
+            raise ValueError(f"the class folders of {val_folder} differ from those of {train_folder} "
+                             f"({class_difference(train.classes, val_set.classes)}); both splits need the same "
+                             "class folders")
+    else:
+        found = sorted(p.name for p in base.iterdir() if p.is_dir())
+        raise ValueError(
+            f"{base} has no 'val' folder nor a 'validation' folder (found folders: {found}) and val_split is not set; "
+            f"expected {IMAGEFOLDER_LAYOUT}"
+        )
+    return train_set, val_set, _imagefolder_info(train.classes)
+
+
+def class_difference(expected: Sequence[str], found: Sequence[str]) -> str:
+    """Which classes of ``expected`` are missing from ``found`` and which are extra, up to 5 each."""
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    if not missing and not extra:
+        return "the same names in another order"
+    return f"missing: {_shown(missing) or 'none'}; extra: {_shown(extra) or 'none'}"
+
+
+def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
+    size, mean, std, crop_pct = SOURCE_STATISTICS["imagefolder"]
+    return DatasetInfo("imagefolder", len(classes), 3, size, mean, std, crop_pct=crop_pct, classes=tuple(classes))
+
+
+def evaluation_folder(
+    root: str | Path, split: str = "val", skip_bad_images: bool = False
+) -> tuple[Dataset, DatasetInfo]:
+    """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
+    ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
+    base = _data_folder(root, f"DIR/<class>/<image> or DIR/{split}/<class>/<image>")
+    folder = split_folder(base, split) or base
+    if folder == base and any(split_folder(base, name) for name in SPLIT_FOLDERS):
+        raise ValueError(
+            f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)"
+        )
+    dataset = _image_folder(folder, skip_bad_images)
+    return dataset, _imagefolder_info(dataset.classes)

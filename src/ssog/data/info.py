@@ -1,0 +1,144 @@
+"""What a data source is (:class:`DatasetInfo`, each built-in source's statistics) and how a
+dataset is split: seeded, stratified validation splits and training subsets.
+
+Every source of :mod:`ssog.data.factory` returns a train and a validation dataset of ``(PIL
+image, class index)`` pairs, untransformed (transforms are applied by
+:class:`ssog.data.loader.TransformedDataset` so that a train and a validation split can share
+one underlying dataset), plus a :class:`DatasetInfo` describing them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import Dataset, Subset
+
+from ssog.image_statistics import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
+
+__all__ = [
+    "DATASETS", "SOURCE_STATISTICS", "DATA_EXTRA", "DatasetInfo", "timm_source_info", "stratified_split",
+    "split_dataset", "dataset_targets", "training_subset",
+]
+
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
+
+#: Each built-in source's own ``(native side in pixels, mean, std, evaluation crop_pct)``: what
+#: :class:`DatasetInfo` reports, and the data config a run used before runs stored theirs
+#: (:func:`ssog.train.config.upgrade_checkpoint_config`). Synthetic images are made at the run's
+#: ``img_size`` (32 when unset).
+SOURCE_STATISTICS: dict[str, tuple[int, tuple[float, ...], tuple[float, ...], float]] = {
+    "digits": (8, (0.5,), (0.5,), 1.0),
+    "cifar10": (32, CIFAR10_MEAN, CIFAR10_STD, 1.0),
+    "cifar100": (32, CIFAR100_MEAN, CIFAR100_STD, 1.0),
+    "imagefolder": (224, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 0.875),
+    "synthetic": (32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 1.0),
+}
+
+#: How to install what timm's sources need (webdataset, datasets), for their errors.
+DATA_EXTRA = "pip install 'ssog[data]'"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model and its transforms need to know about a data source.
+
+    ``native_size`` is the side of the stored images in pixels, ``crop_pct`` the evaluation
+    centre-crop fraction, ``hflip`` whether horizontal flips preserve the class.
+    """
+
+    name: str
+    num_classes: int
+    in_chans: int
+    native_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = 1.0
+    hflip: bool = True
+    classes: tuple[str, ...] = field(default=(), repr=False)
+
+
+def timm_source_info(name: str, classes: Sequence[str], in_chans: int, native_size: int) -> DatasetInfo:
+    """The :class:`DatasetInfo` of a timm data source (``native_size`` in pixels, 0 when unknown)."""
+    # mean/std/crop_pct here only describe the source; a run takes them from its data config.
+    return DatasetInfo(name, len(classes), in_chans, native_size, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
+                       crop_pct=1.0, classes=tuple(classes))
+
+
+def stratified_split(
+    targets: Sequence[int], val_split: float | int, seed: int
+) -> tuple[list[int], list[int]]:
+    """Seeded stratified split of ``range(len(targets))`` into (train, val) index lists.
+
+    ``val_split`` is a fraction in (0, 1) or a number of validation samples.
+    """
+    n = len(targets)
+    valid = (isinstance(val_split, float) and 0.0 < val_split < 1.0) or (
+        isinstance(val_split, int) and not isinstance(val_split, bool) and 0 < val_split < n
+    )
+    if not valid:
+        raise ValueError(
+            f"val_split (--val-split) must be a fraction in (0, 1) or a sample count in [1, {n - 1}], "
+            f"got {val_split!r}"
+        )
+    counts = np.bincount(np.asarray(targets))
+    counts = counts[counts > 0]
+    classes = len(counts)
+    if counts.min() < 2:
+        raise ValueError(f"val_split (--val-split): a stratified split needs at least 2 images of every class, and "
+                         f"{int((counts < 2).sum())} of the {classes} classes have only 1")
+    # scikit-learn's sizes: ceil(fraction * n) held out; each side needs one image per class.
+    held_out = math.ceil(val_split * n) if isinstance(val_split, float) else val_split
+    if not classes <= held_out <= n - classes:
+        raise ValueError(
+            f"val_split {val_split!r} (--val-split) holds out {held_out} of {n} images, and a stratified split of "
+            f"{classes} classes needs at least {classes} on each side: give a count in [{classes}, {n - classes}] "
+            f"or a fraction in [{math.ceil(1e4 * classes / n) / 1e4:g}, {math.floor(1e4 * (n - classes) / n) / 1e4:g}]"
+        )
+    return _stratified_indices(targets, val_split, seed)
+
+
+def _stratified_indices(targets: Sequence[int], test_size: float | int, seed: int) -> tuple[list[int], list[int]]:
+    """scikit-learn's seeded stratified ``train_test_split`` of ``range(len(targets))``, as sorted
+    (kept, held out) index lists; ``test_size`` is a fraction or a count, already checked."""
+    kept, held_out = train_test_split(
+        np.arange(len(targets)), test_size=test_size, stratify=np.asarray(targets), random_state=seed, shuffle=True
+    )
+    return sorted(kept.tolist()), sorted(held_out.tolist())
+
+
+def split_dataset(dataset: Dataset, targets: Sequence[int], val_split: float | int,
+                  seed: int) -> tuple[Subset, Subset]:
+    """``dataset`` as (train, val) subsets by :func:`stratified_split` of its ``targets``."""
+    train_idx, val_idx = stratified_split(targets, val_split, seed)
+    return Subset(dataset, train_idx), Subset(dataset, val_idx)
+
+
+def dataset_targets(dataset: Dataset) -> list[int]:
+    """Class index of every sample of ``dataset`` (a source with ``targets``, or a ``Subset``
+    of one), read without loading any image."""
+    if isinstance(dataset, Subset):
+        targets = dataset_targets(dataset.dataset)
+        return [targets[i] for i in dataset.indices]
+    return list(dataset.targets)
+
+
+def training_subset(dataset: Dataset, size: int, seed: int) -> Dataset:
+    """A seeded subset of ``size`` samples of ``dataset`` with its class proportions.
+
+    The small-data regime of docs/results/accuracy.md: the validation split is untouched, and
+    the same ``(size, seed)`` always picks the same images. ``size`` must leave every class at
+    least one sample and be below the dataset's size.
+    """
+    targets = dataset_targets(dataset)
+    classes = len(set(targets))
+    if isinstance(size, bool) or not isinstance(size, int) or not classes <= size < len(targets):
+        raise ValueError(
+            f"train_subset must be a sample count in [{classes}, {len(targets) - 1}] (at least one "
+            f"image per class, fewer than the {len(targets)} training images), got {size!r}"
+        )
+    keep, _ = _stratified_indices(targets, len(targets) - size, seed)
+    return Subset(dataset, keep)
