@@ -14,7 +14,7 @@ import timm.data.auto_augment as timm_auto_augment
 import torch
 from PIL import Image, ImageOps
 
-from ssog.data.datasets import to_rgb
+from ssog.data.images import to_rgb
 from ssog.data.transforms import AUGMENTATIONS, POSTERIZE_OPS, build_transform, install_posterize, posterize
 from ssog.train import recipe_variants, resolve_config
 

@@ -215,7 +215,7 @@ def test_python_datasets_train_and_resume_only_with_them(tmp_path, tiny_config):
 
 
 def test_16_bit_images_of_every_source_are_scaled_not_clipped(tmp_path):
-    """timm's sources convert images by mode as the built-in ones do (ssog.data.datasets.to_rgb):
+    """timm's sources convert images by mode as the built-in ones do (ssog.data.images.to_rgb):
     a 16-bit grey PNG of level 25700 is 100 in 8 bits, not the 255 of PIL's convert("RGB")."""
     grey16 = Image.fromarray(np.full((8, 8), 25700, dtype=np.uint16))
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
