@@ -4,6 +4,7 @@ outlive their test, and the ``ssog`` command line run as such a child."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,15 @@ def one_torch_thread() -> None:
     adds synchronisation stalls, which grow many-fold when the CPU is busy (on this 2-core
     machine, loaded: tests/test_models.py 68-88 s with two threads, 10-11 s with one)."""
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def ssog_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+    """``caplog`` holding the ``ssog`` loggers' records from INFO up, also after a command-line
+    test installed its printing handler (which stops them from reaching caplog's root handler)."""
+    monkeypatch.setattr(logging.getLogger("ssog"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="ssog")
+    return caplog
 
 
 def _tiny_config(output: Path | str, **overrides: Any) -> TrainConfig:

@@ -104,20 +104,19 @@ def _ssog_vit(**layout):
 
 
 @CLASS_TOKEN_LAYOUT
-def test_init_from_attention_weights_converts_them_as_convert_does(tmp_path):
+def test_init_from_attention_weights_converts_them_as_convert_does(tmp_path, ssog_log):
     from ssog.train import init_from_checkpoint
 
     vit = _timm_vit_weights(tmp_path / "vit.safetensors")
     model = _ssog_vit(class_token=True, global_pool="token")
-    messages = []
-    init_from_checkpoint(model, tmp_path / "vit.safetensors", keep_head=True, log=messages.append)
-    assert "attention converted to SSoG (6 kernel tensors at their initialisation)" in messages[0]
+    init_from_checkpoint(model, tmp_path / "vit.safetensors", keep_head=True)
+    assert "attention converted to SSoG (6 kernel tensors at their initialisation)" in ssog_log.messages[0]
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), ssog.convert(vit)(x), rtol=0, atol=1e-6)
 
     with pytest.raises(ValueError, match="has a class token and this one has none.*class_token: true"):
-        init_from_checkpoint(_ssog_vit(), tmp_path / "vit.safetensors", log=lambda _: None)
+        init_from_checkpoint(_ssog_vit(), tmp_path / "vit.safetensors")
 
 
 @CLASS_TOKEN_LAYOUT
@@ -136,3 +135,22 @@ def test_cli_fine_tunes_an_ssog_model_from_an_mha_run(tmp_path, capsys, tiny_con
     args += [a for k, v in layout.items() for a in ("--set", f"model_kwargs.{k}={v}")]
     assert main(args) == 0
     assert "head loaded; attention converted to SSoG" in capsys.readouterr().out
+
+
+def test_init_from_timm_without_its_pretrained_weights_is_an_error(monkeypatch):
+    from ssog.train import TrainConfig
+    from ssog.train.builders import build_model
+
+    real = timm.create_model
+
+    def offline(name, pretrained=False, **kwargs):
+        if pretrained:
+            raise ConnectionError("no network")
+        return real(name, pretrained=False, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    cfg = TrainConfig(init_from="timm:vit_tiny_patch16_224", dataset="synthetic", img_size=32)
+    with pytest.raises(ValueError, match="init_from timm:vit_tiny_patch16_224: cannot load timm's pretrained "
+                                         "weights .*ConnectionError: no network"):
+        build_model(cfg, num_classes=4, in_chans=3, img_size=32, load_timm_weights=True)
+    assert build_model(cfg, num_classes=4, in_chans=3, img_size=32).num_classes == 4  # a resume needs none

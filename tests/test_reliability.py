@@ -219,14 +219,14 @@ def _synthetic_args(tiny_config, output) -> list[str]:
 
 # ---------------------------------------------------------------- run folders are owned
 def test_default_run_folders_never_collide(tmp_path, monkeypatch, capsys, tiny_config):
-    from ssog.train import engine
+    from ssog.train import run_folder
 
-    class SameSecond(engine.datetime):
+    class SameSecond(run_folder.datetime):
         @classmethod
         def now(cls, tz=None):
             return cls(2026, 1, 2, 3, 4, 5)
 
-    monkeypatch.setattr(engine, "datetime", SameSecond)
+    monkeypatch.setattr(run_folder, "datetime", SameSecond)
     monkeypatch.chdir(tmp_path)
     args = [arg for arg in _synthetic_args(tiny_config, "unused") if arg not in ("--output", "unused")]
     assert main(["train", *args]) == 0 and main(["train", *args]) == 0

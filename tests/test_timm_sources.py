@@ -172,7 +172,7 @@ def test_killed_stream_run_resumes_at_its_shard_position(workers, finished, shar
     assert summary["steps"] == 8 and summary["epochs"] == 1
 
 
-def test_tfds_goes_through_timms_reader_and_restarts_its_epoch(shards, tmp_path, monkeypatch, tiny_config, capsys):
+def test_tfds_goes_through_timms_reader_and_restarts_its_epoch(shards, tmp_path, monkeypatch, tiny_config, ssog_log):
     """tfds/ is read by timm's own iterable reader (TensorFlow is not needed to test that path:
     timm's WebDataset reader stands in for it): it trains, and a resume inside an epoch says
     that the epoch's remaining steps read the stream from its start."""
@@ -191,7 +191,7 @@ def test_tfds_goes_through_timms_reader_and_restarts_its_epoch(shards, tmp_path,
     monkeypatch.setattr(Trainer, "save_last", save_last)
     summary = train(resume=tmp_path / "run")
     assert summary["steps"] == 8
-    assert "cannot continue inside epoch 1" in capsys.readouterr().out
+    assert "cannot continue inside epoch 1" in ssog_log.text
 
 
 def test_python_datasets_train_and_resume_only_with_them(tmp_path, tiny_config):

@@ -162,7 +162,7 @@ def test_init_from_loads_backbone_new_head_and_resamples_pos_embed(fixed_run, ti
     cfg = tiny_config(fixed_run, img_size=16)
     model = build_model(cfg, num_classes=7, in_chans=3, img_size=16)
     head_before = model.head.weight.clone()
-    init_from_checkpoint(model, fixed_run / "best.safetensors", log=lambda _: None)
+    init_from_checkpoint(model, fixed_run / "best.safetensors")
     state = model.state_dict()
     assert state["pos_embed"].shape == (1, 1 + 8 * 8, 16) and source["pos_embed"].shape == (1, 1 + 4 * 4, 16)
     assert torch.equal(state["pos_embed"][:, 0], source["pos_embed"][:, 0])  # class token's entry kept
@@ -175,7 +175,7 @@ def test_fixed_checkpoint_warm_starts_a_steered_model(fixed_run, tiny_config):
     kwargs = tiny_config(fixed_run).model_kwargs
     cfg = tiny_config(fixed_run, model_kwargs={**kwargs, "steer": ["mu", "sigma", "lambda"]})
     model = build_model(cfg, num_classes=4, in_chans=3, img_size=8)
-    init_from_checkpoint(model, fixed_run / "best.safetensors", keep_head=True, log=lambda _: None)
+    init_from_checkpoint(model, fixed_run / "best.safetensors", keep_head=True)
     fixed = build_model(tiny_config(fixed_run), num_classes=4, in_chans=3, img_size=8)
     fixed.load_state_dict(load_checkpoint(fixed_run / "best.safetensors", only=("model",))["model"])
     x = torch.randn(2, 3, 8, 8)
@@ -188,7 +188,7 @@ def test_init_from_a_different_architecture_is_an_error(fixed_run, tiny_config):
     kwargs = tiny_config(fixed_run).model_kwargs
     model = build_model(tiny_config(fixed_run, model_kwargs={**kwargs, "embed_dim": 32}), 4, 3, 8)
     with pytest.raises(ValueError, match="does not match the model.*shape mismatches"):
-        init_from_checkpoint(model, fixed_run / "best.safetensors", log=lambda _: None)
+        init_from_checkpoint(model, fixed_run / "best.safetensors")
     with pytest.raises(FileNotFoundError):
         init_from_checkpoint(model, fixed_run / "none.safetensors")
 
@@ -268,3 +268,10 @@ def test_cli_reports_bad_input_in_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"ssog {args[0]}: error:") and message in err[-1]
+
+
+def test_img_size_goes_to_the_models_that_take_it():
+    from ssog.train.builders import takes_img_size
+
+    assert takes_img_size("vit_tiny_patch16_224") and takes_img_size("ssog_vit_tiny_patch4_32")
+    assert not takes_img_size("resnet18") and not takes_img_size("test_resnet")

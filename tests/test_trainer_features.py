@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ssog.train import evaluate_checkpoint, load_checkpoint, train
+from ssog.train import api as api_module
 from ssog.train import engine as engine_module
 from ssog.train import logger as logger_module
 from ssog.train.checkpoint import read_checkpoint_info
@@ -145,14 +146,14 @@ class FakeWandb:
         pass
 
 
-def test_per_step_logging_wandb_ids_and_progress_lines(tmp_path, monkeypatch, tiny_config, capsys):
+def test_per_step_logging_wandb_ids_and_progress_lines(tmp_path, monkeypatch, tiny_config, ssog_log):
     wandb = FakeWandb()
 
     def backends(tensorboard, wandb_project):
         return (FakeWriter if tensorboard else None), (wandb if wandb_project else None)
 
     monkeypatch.setattr(logger_module, "logging_backends", backends)
-    monkeypatch.setattr(engine_module, "logging_backends", backends)
+    monkeypatch.setattr(api_module, "logging_backends", backends)
     options = dict(epochs=2, log_every=2, tensorboard=True, wandb_project="ssog-tests", progress=True)
     train(tiny_config(tmp_path / "a" / "base", **options))
     writer = FakeWriter.instances[-1]
@@ -161,7 +162,7 @@ def test_per_step_logging_wandb_ids_and_progress_lines(tmp_path, monkeypatch, ti
     assert {key for key, _ in writer.scalars} >= {"train/lr", "train/images_per_s", "epoch", "val_loss"}
     assert [step for step, _ in wandb.logged] == sorted(step for step, _ in wandb.logged)  # W&B needs order
     # a plain line every 2 steps when stderr is not a terminal (pytest captures it)
-    lines = re.findall(r"epoch (\d)/2 step (\d)/4 \(step (\d)\): loss [\d.]+, lr", capsys.readouterr().out)
+    lines = re.findall(r"epoch (\d)/2 step (\d)/4 \(step (\d)\): loss [\d.]+, lr", ssog_log.text)
     assert [int(step) for *_, step in lines] == [2, 4, 6, 8]
 
     # W&B ids: unique per run folder, even with the same folder name; kept for --resume only

@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Iterator
 
 import torch
 
-__all__ = ["DTYPES", "autocast", "check_plotting", "is_out_of_memory", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "DTYPES", "autocast", "check_plotting", "is_out_of_memory", "resolve_device", "resolve_dtype", "torch_settings",
+]
 
+# torch reports a failed CPU allocation as a plain RuntimeError (torch 2.14: torch.empty(2**50)
+# raises "RuntimeError: [enforce fail at alloc_cpu.cpp] ... DefaultCPUAllocator: can't allocate
+# memory"), not as torch.OutOfMemoryError, which only the CUDA allocator raises: its message is
+# all that tells it from other RuntimeErrors.
 _CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory", "out of memory")
 
 #: The dtype vocabulary of every command and config: short names (also mixed-precision
@@ -72,7 +79,27 @@ def check_plotting() -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocation failure (CUDA OOM, a failed CPU allocation, MemoryError)."""
+    """Whether ``error`` is an allocation failure: ``torch.OutOfMemoryError`` (CUDA),
+    ``MemoryError``, or the RuntimeError of torch's CPU allocator (see ``_CPU_OOM_MESSAGES``)."""
     if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(error, RuntimeError) and any(message in str(error).lower() for message in _CPU_OOM_MESSAGES)
+
+
+@contextlib.contextmanager
+def torch_settings(device: torch.device, threads: int | None = None, deterministic: bool = False) -> Iterator[None]:
+    """CPU ``threads`` (on a CPU ``device``, when given) and ``deterministic`` algorithms for the
+    block, restored afterwards (training and evaluation are also library calls)."""
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    if device.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = not deterministic
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
+        torch.backends.cudnn.benchmark = saved[2]

@@ -90,8 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ssog.train import parse_override, recipe_variants, resolve_config, train
-    from ssog.train.engine import TrainingInterrupted
+    from ssog.train import TrainingInterrupted, parse_override, recipe_variants, resolve_config, train
 
     if args.list_variants:
         if not args.config:

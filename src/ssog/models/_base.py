@@ -16,7 +16,7 @@ from timm.layers import (
     PatchEmbed, get_device_dtype, resample_abs_pos_embed, resample_patch_embed, to_2tuple, trunc_normal_,
 )
 from timm.models._features import feature_take_indices
-from timm.models._manipulate import checkpoint
+from timm.models import checkpoint
 from torch import Tensor, nn
 
 from ..layers import SSoGAttention, describe_initial_kernels, kernel_scale_for_grid, named_mixers, ssog_mixers
@@ -453,7 +453,10 @@ def _check_pool(global_pool: str, class_token: bool) -> None:
         raise ValueError("global_pool='token' needs class_token=True")
 
 
-#: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``).
+#: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``):
+#: the checkpoint's ``"model"`` entry, its tensors' paths joined by ``/``. The one definition of
+#: that format, which :mod:`ssog.train.checkpoint` writes (models cannot import ssog.train, which
+#: builds them).
 CHECKPOINT_MODEL_PREFIX = "model/"
 
 

@@ -1,13 +1,14 @@
 """Data and model construction from a :class:`TrainConfig`, shared by training and evaluation."""
 from __future__ import annotations
 
-import sys
+import inspect
+import typing
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import timm
 import torch
-from timm.models import get_pretrained_cfg
+from timm.models import get_pretrained_cfg, model_entrypoint
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import ssog.models  # noqa: F401  (registers the ssog models with timm)
@@ -24,7 +25,7 @@ from ssog.train.distributed import DistContext, barrier
 
 __all__ = [
     "DataBundle", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS", "apply_data_config",
-    "model_pretrained_cfg", "run_data_config",
+    "model_pretrained_cfg", "run_data_config", "takes_img_size",
 ]
 
 # Set from the data set and the config's own fields, never through model_kwargs.
@@ -246,8 +247,8 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
 
     With ``init_from="timm:NAME"`` the model is timm's ``NAME`` made SSoG by
     :func:`ssog.convert` (``model_kwargs`` are its SSoG options), and with
-    ``load_timm_weights`` it starts from NAME's pretrained weights where a hub is reachable
-    (random weights, with a warning, where it is not).
+    ``load_timm_weights`` it starts from NAME's pretrained weights (a ValueError naming
+    ``init_from`` when they cannot be loaded).
     """
     if cfg.init_from and cfg.init_from.startswith(TIMM_INIT_PREFIX):
         return _converted_timm_model(cfg, cfg.init_from[len(TIMM_INIT_PREFIX):], num_classes, in_chans, img_size,
@@ -257,18 +258,28 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
             raise ValueError(f"model_kwargs may not set {key!r}: it comes from {source}")
     if not timm.is_model(cfg.model):
         raise ValueError(f"unknown model {cfg.model!r} (--model); {did_you_mean(cfg.model, timm.list_models())}")
-    args = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_path_rate=cfg.drop_path)
+    args = dict(num_classes=num_classes, in_chans=in_chans, drop_path_rate=cfg.drop_path)
+    if takes_img_size(cfg.model):  # a model without a fixed input size (a CNN) does not: the transforms size the images
+        args["img_size"] = img_size
     try:
-        try:
-            return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
-        except TypeError as error:
-            if "img_size" not in str(error):
-                raise
-            # A model without a fixed input size (a CNN) takes no img_size: the transforms size the images.
-            del args["img_size"]
-            return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
+        return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
     except (TypeError, ValueError) as error:  # an option the model does not take, or a value it refuses
         raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {error}") from error
+
+
+def takes_img_size(name: str) -> bool:
+    """Whether timm's model ``name`` takes ``img_size``: its class's constructor has that
+    argument. The class is the return annotation of timm's entrypoint for ``name``; an
+    entrypoint that names no class of its own (ssog's, annotated ``nn.Module``: all take it)
+    is given ``img_size``."""
+    entrypoint = model_entrypoint(name)
+    try:
+        cls = typing.get_type_hints(entrypoint).get("return")
+    except (NameError, TypeError):  # an annotation that does not resolve here
+        cls = None
+    if not isinstance(cls, type) or cls is torch.nn.Module:
+        return True
+    return "img_size" in inspect.signature(cls.__init__).parameters
 
 
 def _converted_timm_model(cfg: TrainConfig, name: str, num_classes: int, in_chans: int, img_size: int,
@@ -283,9 +294,9 @@ def _converted_timm_model(cfg: TrainConfig, name: str, num_classes: int, in_chan
     except Exception as error:  # no network / no hub access: the hub client's own error types
         if not pretrained:
             raise
-        print(f"warning: no pretrained weights for timm:{name} ({type(error).__name__}); "
-              "starting from timm's random initialisation", file=sys.stderr)
-        model = timm.create_model(name, pretrained=False, **args)
+        raise ValueError(f"init_from timm:{name}: cannot load timm's pretrained weights of {name} "
+                         f"({type(error).__name__}: {error}); make them reachable (network, or timm's cache "
+                         "in HF_HOME), or start from a checkpoint file with init_from") from error
     try:
         return convert(model, **cfg.model_kwargs)
     except TypeError as error:

@@ -3,8 +3,9 @@
 A checkpoint is a nested state (model and EMA weights, optimizer, scheduler, scaler, RNG
 states, progress counters, the run's config) stored as a single ``.safetensors`` file:
 every tensor becomes one entry named by its path in the state (``model/blocks.0.mlp.fc1.weight``,
-``optimizer/state/3/exp_avg``), and the rest of the structure is JSON in the file's
-metadata. One file means one atomic ``os.replace``: a run killed while saving leaves the
+``optimizer/state/3/exp_avg``; :data:`MODEL_KEY` and :data:`SEPARATOR` follow
+:data:`ssog.models._base.CHECKPOINT_MODEL_PREFIX`, which reads them), and the rest of the
+structure is JSON in the file's metadata. One file means one atomic ``os.replace``: a run killed while saving leaves the
 previous checkpoint intact, never a mix of two. Loading never unpickles anything.
 """
 from __future__ import annotations
@@ -20,18 +21,22 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from ssog.files import replacing
+from ssog.models._base import CHECKPOINT_MODEL_PREFIX
 
 __all__ = [
-    "FORMAT", "save_checkpoint", "save_checkpoints", "load_checkpoint", "read_checkpoint_info",
-    "check_state_dict", "checkpoint_path",
+    "FORMAT", "MODEL_KEY", "SEPARATOR", "save_checkpoint", "save_checkpoints", "load_checkpoint",
+    "read_checkpoint_info", "check_state_dict", "checkpoint_path",
 ]
 
 FORMAT = "ssog-checkpoint-v1"
 _META_KEY = "ssog_state"
+#: The state's entry of the model weights, and the separator of a tensor's path in the state:
+#: the model's tensors are stored as ``CHECKPOINT_MODEL_PREFIX + <parameter name>``.
+MODEL_KEY, SEPARATOR = CHECKPOINT_MODEL_PREFIX[:-1], CHECKPOINT_MODEL_PREFIX[-1]
 
 
 def _join(path: str, key: Any) -> str:
-    return f"{path}/{key}" if path else str(key)
+    return f"{path}{SEPARATOR}{key}" if path else str(key)
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -78,8 +83,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     the same folder, renamed over the old one; a full disk leaves the old file and a one-line
     :class:`~ssog.files.WriteError`).
 
-    The ``model`` (and ``ema``) entries must be flat state dicts: their tensors are stored
-    as ``model/<parameter name>``, readable by any safetensors tool.
+    The :data:`MODEL_KEY` (and ``ema``) entries must be flat state dicts: their tensors are
+    stored as ``model/<parameter name>``, readable by any safetensors tool.
     """
     return save_checkpoints({path: state})[0]
 

@@ -5,16 +5,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
+from timm.data import resolve_model_data_config
 
 from ssog.data.folder import class_difference
 from ssog.layers import ssog_mixers
-from ssog.runtime import is_out_of_memory
+from ssog.runtime import is_out_of_memory, torch_settings
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, init_distributed
-from ssog.train.engine import torch_settings
 from ssog.train.logger import progress_bar
 from ssog.train.metrics import evaluate
 from ssog.train.transfer import model_from_checkpoint, set_input_size
@@ -79,7 +78,7 @@ def evaluate_checkpoint(
     if folder is not None:
         _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
 
-    in_chans = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d)).in_channels  # the stem
+    in_chans = resolve_model_data_config(model)["input_size"][0]  # the run's data config (model_from_checkpoint)
     if (model.num_classes, in_chans) != (info.num_classes, info.in_chans):
         raise ValueError(f"checkpoint {path} classifies {model.num_classes} classes of {in_chans}-channel "
                          f"images; the data has {info.num_classes} classes, {info.in_chans} channels")
@@ -96,7 +95,7 @@ def evaluate_checkpoint(
             ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
         model.to(ctx.device)
         bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
-        with torch_settings(cfg, ctx):
+        with torch_settings(ctx.device, cfg.threads, cfg.deterministic):
             metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class)
     if per_class:
         names = info.classes or tuple(str(i) for i in range(info.num_classes))

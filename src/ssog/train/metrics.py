@@ -15,7 +15,7 @@ from ssog.models import parameter_parts
 from ssog.runtime import autocast
 from ssog.train.distributed import DistContext, all_reduce_sum
 
-__all__ = ["TOPK", "GradNormMeter", "evaluate", "autocast", "parameter_groups"]
+__all__ = ["TOPK", "GradNormMeter", "evaluate", "parameter_groups"]
 
 TOPK = (1, 3, 5)
 

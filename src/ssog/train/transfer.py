@@ -1,11 +1,12 @@
 """Moving weights between settings: warm starts, linear probes, other input and patch sizes."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from timm.models import load_state_dict as timm_load_state_dict
@@ -14,13 +15,15 @@ from ssog.conversion import convert_state_dict
 from ssog.files import temporary_path
 from ssog.layers import ssog_mixers
 from ssog.models._base import adapt_embeddings
-from ssog.train.checkpoint import FORMAT, check_state_dict, checkpoint_path, load_checkpoint
+from ssog.train.checkpoint import FORMAT, MODEL_KEY, check_state_dict, checkpoint_path, load_checkpoint
 from ssog.train.config import TIMM_INIT_PREFIX
 
 __all__ = [
     "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
     "set_input_size", "model_from_checkpoint", "save_for_hf", "save_run_for_hf",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Parameters a model may have that a checkpoint of the same architecture without them
 # lacks: steering projections and gates, added when a fixed-SSoG checkpoint warm-starts a
@@ -48,10 +51,10 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
     if _is_ssog_checkpoint(path):
-        state = load_checkpoint(path, only=("model", "ema", "config"))
+        state = load_checkpoint(path, only=(MODEL_KEY, "ema", "config"))
         if ema and state.get("ema") is None:
             raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
-        weights, config = state["ema" if ema else "model"], state.get("config")
+        weights, config = state["ema" if ema else MODEL_KEY], state.get("config")
     elif ema:
         raise ValueError(f"{path} is a plain weight file: it has no separate EMA weights")
     else:
@@ -81,8 +84,7 @@ def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
     return names
 
 
-def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bool = False,
-                         log: Callable[[str], None] = print) -> None:
+def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bool = False) -> None:
     """Load a checkpoint's backbone into ``model``, keeping ``model``'s freshly initialised head
     (or, with ``keep_head``, loading the checkpoint's head too: same classes).
 
@@ -92,7 +94,8 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
     model starts as the fixed one). Attention weights (an MHA run, timm ViT weights) where
     ``model`` has SSoG mixers are converted as :func:`ssog.convert` converts a model (the value
     slice of ``qkv`` and ``proj``; kernels at their initialisation), so ``model`` must have
-    the source's layout (class token, pooling). Any other difference is an error.
+    the source's layout (class token, pooling). Any other difference is an error. What was
+    resampled, converted or left at its initialisation is logged (info).
     """
     path = checkpoint_path(path, "best")
     state, _ = load_weights(path)
@@ -101,7 +104,7 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
     state, kernels = convert_state_dict(state, model)
     _check_class_token(model, state, path)
     for note in adapt_embeddings(state, model):
-        log(note)
+        logger.info(note)
     target = model.state_dict()
     new = tuple(k for k in target if k not in state and any(m in k for m in STEERING_MARKERS))
     check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
@@ -112,7 +115,7 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
     steering = [k for k in new if k not in kernels]
     if steering:
         notes.append(f"{len(steering)} steering tensors left at their initialisation")
-    log(f"initialised from {path}: {'; '.join(notes)}")
+    logger.info(f"initialised from {path}: {'; '.join(notes)}")
 
 
 def _check_class_token(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
