@@ -9,6 +9,7 @@ drops information.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from tqdm import tqdm
@@ -32,9 +33,15 @@ class CliHandler(logging.Handler):
             self.handleError(record)
 
 
-def install_cli_handler(level: int = logging.INFO) -> CliHandler:
+def install_cli_handler(level: int | None = None) -> CliHandler:
     """Print the ``ssog`` loggers' records at ``level`` and above (:class:`CliHandler`),
-    replacing a handler installed before; the records do not also reach the root logger's."""
+    replacing a handler installed before; the records do not also reach the root logger's.
+
+    The default level is information in the first process and warnings in the others of a
+    ``torchrun`` launch (``RANK`` > 0), so that a run's notes are printed once, not per process.
+    """
+    if level is None:
+        level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
     logger = logging.getLogger("ssog")
     for handler in [h for h in logger.handlers if isinstance(h, CliHandler)]:
         logger.removeHandler(handler)

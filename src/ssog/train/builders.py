@@ -40,7 +40,7 @@ class DataBundle:
     """A run's data: the source's ``info``, the resolved ``data_config`` (timm's keys:
     ``input_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``, ``crop_mode``), the
     training loader (a :class:`~torch.utils.data.DataLoader` over an
-    :class:`~ssog.data.EpochSampler`, or a :class:`~ssog.data.timm_sources.StreamLoader` for an
+    :class:`~ssog.data.EpochSampler`, or a :class:`~ssog.data.streams.StreamLoader` for an
     iterable source) and the validation loader. The training loader yields micro-batches of
     ``micro_batch`` images, ``grad_accum_steps`` of them per optimizer step; ``local_batch``
     is this process's images per optimizer step."""

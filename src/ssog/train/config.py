@@ -379,7 +379,7 @@ def resolve_config(
 def upgrade_checkpoint_config(values: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's stored config, with the data settings of a run written before runs stored
     their data config (no ``mean`` key: ssog 0.1.0) filled in as that version used them: the
-    data source's own size, mean, std and evaluation crop (:data:`ssog.data.datasets.SOURCE_STATISTICS`;
+    data source's own size, mean, std and evaluation crop (:data:`ssog.data.info.SOURCE_STATISTICS`;
     an ImageFolder run trained with ImageNet's statistics at 224 px unless its ``img_size`` said
     otherwise) and bicubic resizing. Without this the model's ``pretrained_cfg`` would decide, and
     an old run would be evaluated on differently normalised images. Newer configs pass unchanged."""
