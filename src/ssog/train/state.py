@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ssog.data.timm_sources import StreamLoader
+from ssog.data.streams import StreamLoader
 from ssog.train.distributed import DistContext
 from ssog.train.metrics import GradNormMeter
 
