@@ -32,6 +32,8 @@ _OPTIONS: list[tuple[str, str, type | None, str]] = [
                                     "interpolation, each settable with --set)"),
     ("--augment", "augment", str, "augmentation level: strong | moderate | weak | none (Table 15)"),
     ("--epochs", "epochs", int, "training epochs"),
+    ("--max-steps", "max_steps", int, "stop after N optimizer steps (evaluated, saved and summarised there); the "
+                                      "schedule keeps its epochs: a quick check of a recipe's whole pipeline"),
     ("--batch-size", "batch_size", int, "global batch size (split over processes)"),
     ("--lr", "lr", float, "peak learning rate"),
     ("--weight-decay", "weight_decay", float, "AdamW weight decay"),

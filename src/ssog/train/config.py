@@ -41,6 +41,8 @@ _OWN_SCHEDULE_OPTIONS = {
 }
 #: ``init_from`` of a run whose model is timm's ``NAME`` converted to SSoG (``timm:NAME``).
 TIMM_INIT_PREFIX = "timm:"
+#: The folder torchvision's CIFAR data sets keep under their root.
+_CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
 # Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
@@ -96,6 +98,9 @@ class TrainConfig:
     skip_bad_images: bool = False
     # optimisation
     epochs: int = 30
+    # stop after this many optimizer steps in all (null: the schedule's end), with the usual
+    # evaluation, checkpoints and summary at that point; the schedule keeps the recipe's epochs
+    max_steps: int | None = None
     batch_size: int = 64  # images per optimizer step, over all processes and accumulated micro-batches
     # micro-batches per optimizer step: each process holds batch_size / (processes x grad_accum_steps)
     # images at once and the gradients of grad_accum_steps of them are summed (timm's name)
@@ -167,6 +172,7 @@ class TrainConfig:
                 raise ValueError(f"bad training config: {item.name} must be a finite number, got {value}")
         checks = [
             (self.epochs >= 1, "epochs must be >= 1"),
+            (self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1 or null, got {self.max_steps}"),
             (self.img_size is None or self.img_size >= 1, "img_size must be >= 1 (pixels) or null"),
             *((0 <= value < _SEED_LIMIT,
                f"{name} must be in [0, {_SEED_LIMIT - 1}] (numpy and scikit-learn take 32-bit seeds, so a larger "
@@ -364,16 +370,38 @@ def resolve_config(
     elif variant is not None:
         raise ValueError("--variant needs --config")
     overrides = list(overrides)
+    recipe_values = values
     for key, value in overrides:
         head, _, rest = key.partition(".")
         values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
-    if values.get("data_dir") is not None and "dataset" not in values:
-        values["dataset"] = infer_dataset(values["data_dir"])
+    values = _data_source_from_overrides(recipe_values, values, {key.partition(".")[0] for key, _ in overrides})
     if recipe is not None and values.get("output") is None:
         # A fixed place per recipe and variant, so that recipes can name each other's
         # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
         values["output"] = str(Path("runs") / Path(recipe).stem / (variant or "run"))
     return TrainConfig.from_dict(values)
+
+
+def _data_source_from_overrides(recipe: dict[str, Any], values: dict[str, Any],
+                                 overridden: set[str]) -> dict[str, Any]:
+    """The data source of ``values`` when the command line names a dataset or a data folder: it
+    beats the recipe's, so that ``--dataset synthetic`` tries a recipe before its data is
+    downloaded. A dataset given without a folder drops the recipe's folder (and its download
+    setting) when it is another source; a folder given without a dataset takes the source it
+    visibly holds (a CIFAR folder, or an ImageFolder ``train/``), else keeps the recipe's (a
+    folder to download into). With no dataset named anywhere, the folder's is inferred."""
+    values = dict(values)
+    if "dataset" in overridden and "data_dir" not in overridden and values["dataset"] != recipe.get("dataset"):
+        values["data_dir"] = None
+        if "download" not in overridden:
+            values.pop("download", None)
+    elif values.get("data_dir") is not None and "dataset" not in values:
+        values["dataset"] = infer_dataset(values["data_dir"])
+    elif "data_dir" in overridden and "dataset" not in overridden and values.get("data_dir") is not None:
+        folder = Path(values["data_dir"]).expanduser()
+        if any((folder / name).is_dir() for name in (*_CIFAR_FOLDERS.values(), "train")):
+            values["dataset"] = infer_dataset(folder)
+    return values
 
 
 def upgrade_checkpoint_config(values: dict[str, Any]) -> dict[str, Any]:
@@ -399,7 +427,7 @@ def upgrade_checkpoint_config(values: dict[str, Any]) -> dict[str, Any]:
 def infer_dataset(data_dir: str | Path) -> str:
     """The data source a ``data_dir`` given without a dataset holds: CIFAR when it contains
     torchvision's CIFAR folder, else an ImageFolder tree (checked when it is read)."""
-    for name, folder in (("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python")):
+    for name, folder in _CIFAR_FOLDERS.items():
         if (Path(data_dir) / folder).is_dir():
             return name
     return "imagefolder"

@@ -285,6 +285,11 @@ class Trainer:
             self.ema.update(self.model, step=self.global_step)
         self.scheduler.step_update(num_updates=self.global_step)
 
+    def at_step_limit(self) -> bool:
+        """Whether ``max_steps`` optimizer steps are done (the run then ends with its partial epoch
+        evaluated, checkpointed and summarised)."""
+        return self.cfg.max_steps is not None and self.global_step >= self.cfg.max_steps
+
     def lr(self) -> float:
         """The schedule's learning rate now (with layer_decay, the head's: the largest)."""
         return max(group["lr"] for group in self.optimizer.param_groups)
@@ -317,6 +322,8 @@ class Trainer:
         micro = 0
         try:
             for images, targets in loader:
+                if self.at_step_limit():
+                    break
                 micro += 1
                 sync = micro % cfg.grad_accum_steps == 0
                 loss = self._forward_backward(images, targets, sync)
@@ -332,10 +339,10 @@ class Trainer:
                 progress.epoch_time = time.perf_counter() - start
                 self._log_step()
                 if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
-                        and progress.step_in_epoch < self.steps_per_epoch:
+                        and progress.step_in_epoch < self.steps_per_epoch and not self.at_step_limit():
                     self.save_last()
                 self._stop_if_asked()
-                if progress.step_in_epoch == self.steps_per_epoch:
+                if progress.step_in_epoch == self.steps_per_epoch or self.at_step_limit():
                     break  # micro-batches short of a whole step are left for the next epoch's shuffle
         except RuntimeError:
             # A terminal's Ctrl-C also reaches the loader's workers, which then exit: the
@@ -393,7 +400,8 @@ class Trainer:
                         f"({len(self.data.train_loader.dataset)} train / {len(self.data.val_loader.dataset)} val, "
                         f"{self.data.img_size}px) for {self.num_epochs} epochs, {self.steps_per_epoch} steps each, "
                         f"on {self.ctx.world_size} x {self.ctx.device.type}; output {self.output}")
-        while self.progress.epoch < self.num_epochs:
+        # (a run interrupted at its step limit inside an epoch still ends that epoch on resume)
+        while self.progress.epoch < self.num_epochs and not (self.at_step_limit() and not self.progress.step_in_epoch):
             self._train_epoch()
             record = self._end_epoch()
             improved = record["acc1"] > self.best["acc1"]
@@ -404,11 +412,15 @@ class Trainer:
             # run resumable at this epoch, and resuming rewrites the logs from the history.
             self.save_last(best=record if improved else None)
             if self.main:
-                self.run_log.log_epoch(self.history, final=self.progress.epoch == self.num_epochs)
+                self.run_log.log_epoch(self.history,
+                                       final=self.progress.epoch == self.num_epochs or self.at_step_limit())
                 logger.info(f"epoch {record['epoch']}/{self.num_epochs}: train loss {record['train_loss']:.4f}, "
                             f"val loss {record['val_loss']:.4f}, Acc@1 {record['acc1']:.2f}, "
                             f"Acc@5 {record['acc5']:.2f} ({record['epoch_time_s']:.1f}s)")
             self._stop_if_asked()
+        if self.at_step_limit() and self.main:
+            logger.info(f"stopped at the step limit: max_steps {cfg.max_steps} (the schedule runs "
+                        f"{self.num_epochs * self.steps_per_epoch} steps)")
         summary = self._summary()
         if self.main:
             write_atomic(self.output / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -424,7 +436,7 @@ class Trainer:
             "epochs": final["epoch"], "params": self.params,
             "best_acc1": self.best["acc1"], "best_epoch": self.best["epoch"], "train_loss": final["train_loss"],
             "model": self.cfg.model, "dataset": self.cfg.dataset, "img_size": self.data.img_size,
-            "steps": self.global_step, "world_size": self.ctx.world_size,
+            "steps": self.global_step, "max_steps": self.cfg.max_steps, "world_size": self.ctx.world_size,
             "train_time_s": sum(times), "time_per_epoch_s": sum(times) / len(times),
         }
         summary.update({k: v for k, v in final.items() if k.startswith("ema_")})

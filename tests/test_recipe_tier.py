@@ -1,0 +1,108 @@
+"""The recipe tier: every recipe under configs/ and every variant of it that builds another
+model or pipeline, at its real model size and image size, through the real pipeline (its
+augmentation, mixup/cutmix, schedule, gradient clipping, drop-path, precision, EMA,
+checkpoints, transfer) for 2 optimizer steps and an evaluation, on generated data of the
+recipe's shape (its image size and number of classes) with a batch of 2.
+
+Variants that change only a number (lr, depth, heads, atoms, steps, radius, sigma_min...)
+share the run of the first such sibling: :func:`pipeline_key` says what makes a run distinct.
+A transfer variant starts from the tier's own run of the recipe it names (``init_from``).
+``pytest -m recipe`` runs this tier alone; docs/training.md lists it with each run's time.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ssog.train import TrainConfig, recipe_variants, resolve_config, train
+
+pytestmark = [pytest.mark.recipe, pytest.mark.slow]
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if "_base" not in p.parts)
+#: The classes of each recipe data source, for the generated stand-in (an ImageFolder recipe
+#: is ImageNet's layout in configs/imagenet, CIFAR-10's in the CPU recipes).
+CLASSES = {"cifar10": 10, "cifar100": 100}
+#: Two optimizer steps of two images, an evaluation of two, no loader processes, on the CPU.
+TIER = dict(dataset="synthetic", synthetic_size=4, batch_size=2, grad_accum_steps=1, max_steps=2, epochs=1,
+            num_workers=0, device="cpu", threads=None, progress=False, log_every=0)
+
+
+def pipeline_key(cfg: TrainConfig) -> tuple[Any, ...]:
+    """What makes a recipe's run another model or pipeline: the architecture, width and image
+    size, steering, the augmentation level, mixup/cutmix, the transfer mode, precision, EMA,
+    the schedule's kind, clipping and drop-path switched on. Numbers alone do not count."""
+    kwargs = cfg.model_kwargs
+    return (cfg.model, kwargs.get("embed_dim"), kwargs.get("patch_size"), cfg.img_size, tuple(kwargs.get("steer", ())),
+            cfg.augment, cfg.mixup, cfg.cutmix, bool(cfg.init_from), cfg.init_keep_head, cfg.linear_probe, cfg.amp,
+            bool(cfg.ema_decay), cfg.sched, bool(cfg.clip_grad), bool(cfg.drop_path),
+            CLASSES.get(cfg.dataset, 1000 if cfg.img_size == 224 else 10))
+
+
+def _all_runs() -> list[tuple[Path, str | None]]:
+    return [(path, variant) for path in RECIPES for variant in (recipe_variants(path) or [None])]
+
+
+def _distinct_runs() -> list[tuple[Path, str | None]]:
+    first: dict[tuple[Any, ...], tuple[Path, str | None]] = {}
+    for path, variant in _all_runs():
+        first.setdefault(pipeline_key(resolve_config(path, variant)), (path, variant))
+    return list(first.values())
+
+
+RUNS = _distinct_runs()
+
+
+def _id(run: tuple[Path, str | None]) -> str:
+    path, variant = run
+    return f"{path.relative_to(CONFIGS)}:{variant}"
+
+
+def tier_config(path: Path, variant: str | None) -> TrainConfig:
+    """The recipe's configuration with the tier's data, batch and step limit (and its default
+    run folder, relative to the working directory, so that transfers find their sources)."""
+    recipe = resolve_config(path, variant)
+    classes = CLASSES.get(recipe.dataset, 1000 if recipe.img_size == 224 else 10)
+    return resolve_config(path, variant, [*TIER.items(), ("synthetic_classes", classes)])
+
+
+def _train_source(init_from: str) -> None:
+    """Run the tier of the recipe variant whose default folder ``init_from`` names
+    (``runs/<recipe>/<variant>/best.safetensors``), unless it ran already."""
+    if Path(init_from).exists():
+        return
+    folder = Path(init_from).parent
+    recipe = next(p for p in RECIPES if p.stem == folder.parent.name)
+    train(tier_config(recipe, folder.name))
+
+
+@pytest.fixture(scope="module")
+def tier_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One working directory for the tier's runs (runs/<recipe>/<variant>), shared so that a
+    transfer variant reuses its source's run."""
+    return tmp_path_factory.mktemp("recipe_tier")
+
+
+def test_the_tier_covers_every_recipe_and_distinct_variant():
+    covered = {path for path, _ in RUNS}
+    assert covered == set(RECIPES)
+    keys = {pipeline_key(resolve_config(*run)) for run in _all_runs()}
+    assert len(keys) == len(RUNS)
+    # the paper's sizes are among them: ViT-S/M/B of the three families at 224 px
+    assert {(resolve_config(*run).model, resolve_config(*run).img_size) for run in RUNS} >= {
+        (f"{op}_{family}_{size}_patch16_224", 224)
+        for op in ("mha", "ssog") for family in ("vit", "loopvit", "odevit") for size in ("small", "medium", "base")}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[_id(r) for r in RUNS])
+def test_recipe_runs_at_its_real_size(run, tier_folder, monkeypatch):
+    monkeypatch.chdir(tier_folder)
+    cfg = tier_config(*run)
+    if cfg.init_from:
+        _train_source(cfg.init_from)
+    summary = train(cfg)
+    assert summary["steps"] == 2 and summary["img_size"] == (cfg.img_size or summary["img_size"])
+    folder = Path(cfg.output)
+    assert (folder / "last.safetensors").is_file() and (folder / "summary.json").is_file()
