@@ -9,7 +9,7 @@ import torch
 
 from ssog.ops import cpp_kernels, ssog_matrix, ssog_mix
 from ssog.ops.checks import _in_range
-from ssog.ops.functional import _ssog_mix_unchecked
+from ssog.ops.functional import mix_unchecked
 
 pytestmark = pytest.mark.skipif(not cpp_kernels.available(), reason=f"cpp backend: {cpp_kernels.unavailable_reason()}")
 
@@ -62,7 +62,7 @@ def test_cpp_propagates_non_finite_parameters():
     grid, n = (4, 4), 16
     mu, sigma, weight = (t.float() for t in params(1, 1, n, 2, seed=3))
     mu[0, 0, 5, 1, 0] = float("nan")  # the layers call the operator unchecked
-    out = _ssog_mix_unchecked(torch.randn(1, 1, n, LANES), mu, sigma, weight, grid, "cpp")
+    out = mix_unchecked(torch.randn(1, 1, n, LANES), mu, sigma, weight, grid, "cpp")
     assert out[0, 0, 5].isnan().all()
     assert out[0, 0, :5].isfinite().all() and out[0, 0, 6:].isfinite().all()
 
@@ -220,7 +220,7 @@ def test_cpp_reads_and_writes_views_of_token_major_tensors(steered):
     projection = torch.randn(batch, prefix + n, heads, dim)
     destination = torch.full_like(projection, float("nan"))
     v, out = (t[:, prefix:].transpose(1, 2) for t in (projection, destination))
-    assert _ssog_mix_unchecked(v, mu, sigma, weight, grid, "cpp", out=out) is out
+    assert mix_unchecked(v, mu, sigma, weight, grid, "cpp", out=out) is out
     expected = ssog_matrix(mu, sigma, weight, grid) @ v.contiguous()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert destination[:, :prefix].isnan().all()  # nothing written outside the view

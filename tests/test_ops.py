@@ -349,6 +349,36 @@ def without_cpp(monkeypatch):
     monkeypatch.setattr(cpp_kernels, "takes", lambda *args: False)
 
 
+def test_registry_says_where_each_backend_runs(without_cpp):
+    from ssog.ops import BACKEND_NAMES, BACKENDS
+
+    assert BACKEND_NAMES == ("auto", "dense", "separable", "local", "cpp", "triton")
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    for name in ("dense", "separable"):
+        assert BACKENDS[name].can_run(meta, torch.float64, 3, True, True)
+    assert BACKENDS["local"].can_run(cpu, torch.float32, 3, True, True)
+    assert not BACKENDS["local"].can_run(meta, torch.float32, 3, True, False)  # reads its windows' values
+    assert not BACKENDS["cpp"].can_run(cpu, torch.float32, 16, False, False)  # no compiler (the fixture)
+    assert BACKENDS["triton"].steered is None
+    assert not BACKENDS["triton"].can_run(cpu, torch.float32, 16, True, False)
+    with pytest.raises(ValueError, match="triton backend supports fixed kernels only"):
+        BACKENDS["triton"].mixing(steered=True)
+
+
+def test_auto_and_the_benchmark_ask_the_registry(monkeypatch):
+    import dataclasses
+
+    from ssog.bench.operator import OperatorConfig, unavailable_backends
+    from ssog.ops import BACKENDS
+
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(BACKENDS, "cpp", dataclasses.replace(BACKENDS["cpp"], can_run=lambda *args: True))
+    assert choose_backend((1, 1, 4, 3), (2, 2), 1, False, cpu, requires_grad=True) == "cpp"
+    monkeypatch.setitem(BACKENDS, "cpp", dataclasses.replace(BACKENDS["cpp"], can_run=lambda *args: False))
+    assert choose_backend((1, 1, 4, 16), (2, 2), 1, False, cpu) == "dense"
+    assert set(unavailable_backends(OperatorConfig(backends=("dense", "cpp")))) == {"cpp"}
+
+
 def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):
     cpu = torch.device("cpu")
     assert choose_backend((4, 12, 16, 64), (4, 4), 4, False, cpu) == "dense"

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_parameter_values
-from .kernels import capturing_graph
+from .capture import capturing_graph
 
 logger = logging.getLogger(__name__)
 
