@@ -26,9 +26,15 @@ def params(batch: int | None, heads: int, n: int, atoms: int, seed: int, width: 
     return mu, sigma, weight
 
 
-def check_against_definition(batch, heads, grid, dim, atoms, steered, seed=0, width=(0.3, 3.0)):
+def check_against_definition(batch, heads, grid, dim, atoms, steered, seed=0, width=(0.3, 3.0), first_weight=None):
+    """``first_weight``: the first atom's mixture weight instead of the softmax's (0: the others
+    renormalised, and with one atom the head weighs nothing; negative: a signed mixture)."""
     n = grid[0] * grid[1]
     mu, sigma, weight = params(batch if steered else None, heads, n, atoms, seed, width)
+    if first_weight is not None:
+        weight[..., 0] = first_weight
+        if first_weight == 0 and atoms > 1:
+            weight = weight / weight.sum(-1, keepdim=True)
     v = torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     expected = ssog_matrix(mu, sigma, weight, grid) @ v
     out = ssog_mix(v.float(), mu.float(), sigma.float(), weight.float(), grid, backend="cpp")
@@ -48,6 +54,13 @@ def test_cpp_matches_dense_definition(grid, atoms, steered):
 @pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
 def test_cpp_takes_every_supported_head_dimension(vectors, steered):
     check_against_definition(1, 2, (6, 5), vectors * LANES, 3, steered)
+
+
+@pytest.mark.parametrize("first_weight", [0.0, -0.5], ids=["zero", "negative"])
+@pytest.mark.parametrize("atoms", [1, 4])
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_takes_zero_and_negative_weights(first_weight, atoms, steered):
+    check_against_definition(2, 3, (5, 7), LANES, atoms, steered, first_weight=first_weight)
 
 
 @pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])

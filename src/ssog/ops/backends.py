@@ -209,14 +209,18 @@ def _separable_block(
 
 
 def truncate_kernels(kernel: Tensor, tolerance: float) -> Tensor:
-    """Zero entries below ``tolerance`` times their row's peak, keeping each row's sum.
+    """Zero entries whose magnitude is below ``tolerance`` times their row's peak magnitude,
+    keeping each row's sum.
 
-    ``kernel (..., L, L)``. The peak itself always survives, so a row never becomes empty,
-    wherever its centre lies.
+    ``kernel (..., L, L)``: rows of one sign each, a Gaussian times its atom's weight, which may
+    be negative or 0 (a softmax's limit). The peak always survives, so a row never becomes
+    empty, wherever its centre lies; a row of zeros (weight 0) stays zeros, where rescaling
+    it would divide 0 by 0.
     """
-    keep = kernel >= tolerance * kernel.amax(dim=-1, keepdim=True)
-    kept = kernel * keep
-    return kept * (kernel.sum(dim=-1, keepdim=True) / kept.sum(dim=-1, keepdim=True))
+    magnitude = kernel.abs()
+    kept = kernel * (magnitude >= tolerance * magnitude.amax(dim=-1, keepdim=True))
+    kept_sum = kept.sum(dim=-1, keepdim=True)
+    return kept * (kernel.sum(dim=-1, keepdim=True) / torch.where(kept_sum == 0, 1.0, kept_sum))
 
 
 def key_row_spans(ky: Tensor) -> list[tuple[int, int]]:
