@@ -28,7 +28,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
@@ -180,7 +179,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"disabled by SSOG_CPP={os.environ['SSOG_CPP']}"
     if switch not in ("", "1", "true", "yes", "on"):
         reason = f"SSOG_CPP={os.environ['SSOG_CPP']!r} is not 0/1, false/true, no/yes or off/on; taken as off"
-        warnings.warn(reason, stacklevel=2)
+        logger.warning(reason)
         return None, reason
     try:
         path = _build()
