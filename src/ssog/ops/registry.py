@@ -28,7 +28,8 @@ from .checks import check_parameter_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
 
 __all__ = [
-    "BACKENDS", "BACKEND_NAMES", "Backend", "MixFunction", "check_backend", "pytorch_backend", "windowed_tiles",
+    "BACKENDS", "BACKEND_NAMES", "Backend", "CanRun", "MixFunction", "check_backend", "pytorch_backend",
+    "windowed_tiles",
 ]
 
 
