@@ -9,7 +9,7 @@ import torch
 
 from ssog.ops import cpp_kernels, ssog_matrix, ssog_mix
 from ssog.ops.checks import _in_range
-from ssog.ops.functional import _ssog_mix_unchecked
+from ssog.ops.functional import mix_unchecked
 
 pytestmark = pytest.mark.skipif(not cpp_kernels.available(), reason=f"cpp backend: {cpp_kernels.unavailable_reason()}")
 
@@ -26,9 +26,15 @@ def params(batch: int | None, heads: int, n: int, atoms: int, seed: int, width: 
     return mu, sigma, weight
 
 
-def check_against_definition(batch, heads, grid, dim, atoms, steered, seed=0, width=(0.3, 3.0)):
+def check_against_definition(batch, heads, grid, dim, atoms, steered, seed=0, width=(0.3, 3.0), first_weight=None):
+    """``first_weight``: the first atom's mixture weight instead of the softmax's (0: the others
+    renormalised, and with one atom the head weighs nothing; negative: a signed mixture)."""
     n = grid[0] * grid[1]
     mu, sigma, weight = params(batch if steered else None, heads, n, atoms, seed, width)
+    if first_weight is not None:
+        weight[..., 0] = first_weight
+        if first_weight == 0 and atoms > 1:
+            weight = weight / weight.sum(-1, keepdim=True)
     v = torch.randn(batch, heads, n, dim, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     expected = ssog_matrix(mu, sigma, weight, grid) @ v
     out = ssog_mix(v.float(), mu.float(), sigma.float(), weight.float(), grid, backend="cpp")
@@ -50,6 +56,13 @@ def test_cpp_takes_every_supported_head_dimension(vectors, steered):
     check_against_definition(1, 2, (6, 5), vectors * LANES, 3, steered)
 
 
+@pytest.mark.parametrize("first_weight", [0.0, -0.5], ids=["zero", "negative"])
+@pytest.mark.parametrize("atoms", [1, 4])
+@pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
+def test_cpp_takes_zero_and_negative_weights(first_weight, atoms, steered):
+    check_against_definition(2, 3, (5, 7), LANES, atoms, steered, first_weight=first_weight)
+
+
 @pytest.mark.parametrize("steered", [False, True], ids=["fixed", "steered"])
 def test_cpp_skips_only_negligible_keys(steered):
     """Narrow kernels on a wide grid: most keys are at the floor and skipped, exactly."""
@@ -62,7 +75,7 @@ def test_cpp_propagates_non_finite_parameters():
     grid, n = (4, 4), 16
     mu, sigma, weight = (t.float() for t in params(1, 1, n, 2, seed=3))
     mu[0, 0, 5, 1, 0] = float("nan")  # the layers call the operator unchecked
-    out = _ssog_mix_unchecked(torch.randn(1, 1, n, LANES), mu, sigma, weight, grid, "cpp")
+    out = mix_unchecked(torch.randn(1, 1, n, LANES), mu, sigma, weight, grid, "cpp")
     assert out[0, 0, 5].isnan().all()
     assert out[0, 0, :5].isfinite().all() and out[0, 0, 6:].isfinite().all()
 
@@ -220,7 +233,7 @@ def test_cpp_reads_and_writes_views_of_token_major_tensors(steered):
     projection = torch.randn(batch, prefix + n, heads, dim)
     destination = torch.full_like(projection, float("nan"))
     v, out = (t[:, prefix:].transpose(1, 2) for t in (projection, destination))
-    assert _ssog_mix_unchecked(v, mu, sigma, weight, grid, "cpp", out=out) is out
+    assert mix_unchecked(v, mu, sigma, weight, grid, "cpp", out=out) is out
     expected = ssog_matrix(mu, sigma, weight, grid) @ v.contiguous()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert destination[:, :prefix].isnan().all()  # nothing written outside the view

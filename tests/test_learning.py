@@ -3,6 +3,7 @@ no dead kernel parameters, centres that break left/right symmetry, a small-data 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import warnings
 
@@ -46,9 +47,10 @@ def test_every_ssog_parameter_trains_in_the_default_configuration(family, steer)
     assert not dead, f"SSoG parameters without gradient: {dead}"
 
 
-def test_class_token_pooling_leaves_the_last_block_untrained_and_warns():
-    with pytest.warns(UserWarning, match="never trains the last block"):
+def test_class_token_pooling_leaves_the_last_block_untrained_and_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="ssog.models.vit"):
         model = timm.create_model("ssog_vit_tiny_patch4_32", global_pool="token")
+    assert [r.levelno for r in caplog.records if "never trains the last block" in r.getMessage()] == [logging.WARNING]
     gradients = _kernel_gradients(model)
     last = len(model.blocks) - 1
     for name in ("mu", "rho", "logits"):  # what the warning is about: exactly zero
@@ -56,12 +58,13 @@ def test_class_token_pooling_leaves_the_last_block_untrained_and_warns():
         assert gradients[f"blocks.0.attn.{name}"].abs().max() > 0
 
 
-def test_default_layouts_and_no_warning():
-    with warnings.catch_warnings():
+def test_default_layouts_and_no_warning(caplog):
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="ssog"):
         warnings.simplefilter("error")
         ssog_model = timm.create_model("ssog_vit_tiny_patch4_32")
         mha_model = timm.create_model("mha_vit_tiny_patch4_32")
         looped = timm.create_model("ssog_loopvit_tiny_patch4_32", global_pool="token")  # shared block trains
+    assert not caplog.records
     assert (ssog_model.global_pool, ssog_model.has_class_token) == ("avg", False)
     assert (mha_model.global_pool, mha_model.has_class_token) == ("token", True)  # timm's layout
     assert looped.has_class_token

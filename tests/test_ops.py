@@ -141,6 +141,49 @@ def test_steered_backends_match_dense_definition(grid, atoms, backend):
     assert relative_error(out32.double(), expected) < 1e-5
 
 
+def with_special_weight(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """``weight`` with its first atom at exactly 0 (a softmax's limit; the other atoms
+    renormalised, and with one atom the head weighs nothing) or at -0.5 (a signed mixture)."""
+    weight = weight.clone()
+    weight[..., 0] = 0.0 if kind == "zero" else -0.5
+    if kind == "zero" and weight.shape[-1] > 1:
+        weight = weight / weight.sum(-1, keepdim=True)
+    return weight
+
+
+def check_special_weights(mu, sigma, weight, grid, backend):
+    """Every backend agrees with the definition, without NaN, at float64 and float32 (and the
+    local backend at its default tolerance within its bound, ``tolerance * N * sum|w| * max|v|``)."""
+    n = grid[0] * grid[1]
+    v = values(2, 3, n, 5)
+    expected = ssog_matrix(mu, sigma, weight, grid) @ v
+    scale = v.abs().max()
+    out = mix(v, mu, sigma, weight, grid, backend)
+    assert out.isfinite().all() and (out - expected).abs().max() < 1e-10 * scale
+    out32 = mix(v.float(), mu.float(), sigma.float(), weight.float(), grid, backend)
+    assert out32.isfinite().all() and (out32.double() - expected).abs().max() < 1e-5 * scale
+    if backend == "local":
+        out = ssog_mix(v, mu, sigma, weight, grid, backend="local")
+        bound = 1e-6 * n * weight.abs().sum(-1).max() * scale
+        assert out.isfinite().all() and (out - expected).abs().max() <= bound
+
+
+@pytest.mark.parametrize("kind", ["zero", "negative"])
+@pytest.mark.parametrize("atoms", [1, 4])
+@pytest.mark.parametrize("backend", FIXED_BACKENDS)
+def test_fixed_backends_take_zero_and_negative_weights(kind, atoms, backend):
+    mu, sigma, weight = fixed_params(3, atoms)
+    check_special_weights(mu, sigma, with_special_weight(weight, kind), (5, 7), backend)
+
+
+@pytest.mark.parametrize("kind", ["zero", "negative"])
+@pytest.mark.parametrize("atoms", [1, 4])
+@pytest.mark.parametrize("backend", STEERED_BACKENDS)
+def test_steered_backends_take_zero_and_negative_weights(kind, atoms, backend):
+    mu, sigma, weight = steered_params(2, 3, 35, atoms)
+    check_special_weights(mu, sigma, with_special_weight(weight, kind), (5, 7), backend)
+
+
 @pytest.mark.parametrize("backend", ["separable", "local"])
 def test_blocked_separable_path_matches_across_block_boundaries(backend, monkeypatch):
     """Blocks that split batch*heads and query rows unevenly give the same answer."""
@@ -347,6 +390,36 @@ def without_cpp(monkeypatch):
     from ssog.ops import cpp_kernels
 
     monkeypatch.setattr(cpp_kernels, "takes", lambda *args: False)
+
+
+def test_registry_says_where_each_backend_runs(without_cpp):
+    from ssog.ops import BACKEND_NAMES, BACKENDS
+
+    assert BACKEND_NAMES == ("auto", "dense", "separable", "local", "cpp", "triton")
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    for name in ("dense", "separable"):
+        assert BACKENDS[name].can_run(meta, torch.float64, 3, True, True)
+    assert BACKENDS["local"].can_run(cpu, torch.float32, 3, True, True)
+    assert not BACKENDS["local"].can_run(meta, torch.float32, 3, True, False)  # reads its windows' values
+    assert not BACKENDS["cpp"].can_run(cpu, torch.float32, 16, False, False)  # no compiler (the fixture)
+    assert BACKENDS["triton"].steered is None
+    assert not BACKENDS["triton"].can_run(cpu, torch.float32, 16, True, False)
+    with pytest.raises(ValueError, match="triton backend supports fixed kernels only"):
+        BACKENDS["triton"].mixing(steered=True)
+
+
+def test_auto_and_the_benchmark_ask_the_registry(monkeypatch):
+    import dataclasses
+
+    from ssog.bench.operator import OperatorConfig, unavailable_backends
+    from ssog.ops import BACKENDS
+
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(BACKENDS, "cpp", dataclasses.replace(BACKENDS["cpp"], can_run=lambda *args: True))
+    assert choose_backend((1, 1, 4, 3), (2, 2), 1, False, cpu, requires_grad=True) == "cpp"
+    monkeypatch.setitem(BACKENDS, "cpp", dataclasses.replace(BACKENDS["cpp"], can_run=lambda *args: False))
+    assert choose_backend((1, 1, 4, 16), (2, 2), 1, False, cpu) == "dense"
+    assert set(unavailable_backends(OperatorConfig(backends=("dense", "cpp")))) == {"cpp"}
 
 
 def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -525,12 +526,13 @@ def cpp_switch(monkeypatch):
     clear()
 
 
-def test_ssog_cpp_accepts_false_and_warns_on_nonsense(cpp_switch):
+def test_ssog_cpp_accepts_false_and_warns_on_nonsense(cpp_switch, caplog):
     for value in ("false", "No", "OFF", "0"):
         assert not cpp_switch(value).available()
         assert cpp_switch(value).unavailable_reason() == f"disabled by SSOG_CPP={value}"
-    with pytest.warns(UserWarning, match="SSOG_CPP='maybe' is not 0/1"):
+    with caplog.at_level(logging.WARNING, logger="ssog.ops.cpp_kernels"):
         assert not cpp_switch("maybe").available()
+    assert [r.levelno for r in caplog.records if "SSOG_CPP='maybe' is not 0/1" in r.getMessage()] == [logging.WARNING]
 
 
 OP_TINY = ["bench-op", "--grids", "2", "--batch", "1", "--heads", "1", "--head-dim", "8", "--atoms", "1",

@@ -40,6 +40,19 @@ for grid, heads, atoms, dim in [((5, 7), 2, 3, 20), ((3, 17), 1, 1, 16), ((4, 4)
         error = ((half.float() - expected).abs().max() / expected.abs().max()).item()
         assert error < 4 * unit, (grid, dtype, error)
 
+# an atom of weight exactly 0 (the others renormalised; one atom: the head weighs nothing) or negative
+for atoms in (1, 4):
+    for first in (0.0, -0.5):
+        grid, n = (5, 7), 35
+        mu, sigma, weight = params(2, atoms, 5)
+        weight[..., 0] = first
+        if first == 0 and atoms > 1:
+            weight = weight / weight.sum(-1, keepdim=True)
+        v = torch.randn(2, 2, n, 16, generator=torch.Generator().manual_seed(4))
+        expected = ssog_matrix(mu, sigma, weight, grid) @ v
+        out = ssog_mix(v, mu, sigma, weight, grid, backend="triton")
+        assert out.isfinite().all() and (out - expected).abs().max() < 1e-5 * v.abs().max(), (atoms, first)
+
 # gradients of values and of every kernel parameter match the dense path's
 grid = (4, 5)
 leaves = [t.requires_grad_() for t in (torch.randn(2, 2, 20, 16, generator=torch.Generator().manual_seed(2)),

@@ -60,7 +60,7 @@ def export_onnx(
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.backends.any_batch).
+    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.capture.any_batch).
     batch = torch.export.Dim("batch", min=1)
     try:
         with torch.no_grad():

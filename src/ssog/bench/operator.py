@@ -30,13 +30,18 @@ import torch.nn.functional as F
 
 from ..files import save_figure, write_atomic
 from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
-from ..ops import BACKENDS, choose_backend, cpp_kernels, ssog_mix
-from ..ops.functional import _ssog_mix_unchecked
-from ..ops.triton_separable import available as triton_available
+from ..ops import BACKEND_NAMES, BACKENDS, choose_backend, cpp_kernels, ssog_mix
+from ..ops.functional import mix_unchecked
+from ..runtime import resolve_device, resolve_dtype
 from .memory import is_out_of_memory, peak_memory
 from .results import environment
-from ..runtime import resolve_device, resolve_dtype
 from .timing import quartiles, time_interleaved
+
+__all__ = [
+    "BASELINE", "COMPILABLE", "STEERED_LAYER_BACKENDS", "Measurement", "OperatorConfig", "SteeredLayerConfig",
+    "can_time", "fixed_parameters", "markdown_table", "plot_speedups", "run_operator_benchmark",
+    "run_steered_layer_benchmark", "save", "steered_layer_table", "steered_memory", "unavailable_backends",
+]
 
 BASELINE = "sdpa"
 #: Backends whose mixing can also be timed under ``torch.compile(fullgraph=True)``: the PyTorch
@@ -54,7 +59,7 @@ class OperatorConfig:
     atoms: int = 4
     dtype: str = "float32"
     device: str = "cpu"
-    backends: Sequence[str] = BACKENDS
+    backends: Sequence[str] = BACKEND_NAMES
     backward: bool = True
     rounds: int = 5
     warmup: int = 1
@@ -62,9 +67,9 @@ class OperatorConfig:
     compiled: Sequence[str] = ()  # also timed under torch.compile: some of COMPILABLE
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.backends) - set(BACKENDS))
+        unknown = sorted(set(self.backends) - set(BACKEND_NAMES))
         if unknown:
-            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKENDS)}")
+            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKEND_NAMES)}")
         not_compilable = sorted(set(self.compiled) - set(COMPILABLE))
         if not_compilable:
             raise ValueError(f"cannot time {not_compilable} under torch.compile; expected some of "
@@ -81,14 +86,24 @@ class OperatorConfig:
 def unavailable_backends(config: OperatorConfig) -> dict[str, str]:
     """``{backend: why}`` for the backends of ``config`` that cannot run on its device and dtype."""
     device, dtype = torch.device(config.device), resolve_dtype(config.dtype)
+    cannot = {name for name in config.backends if not can_time(name, device, dtype, config.head_dim)}
     reasons = {}
-    if "triton" in config.backends and not triton_available(device):
+    if "triton" in cannot:
         reasons["triton"] = f"it needs a CUDA device and the triton package (device {config.device})"
-    if "cpp" in config.backends and not cpp_kernels.takes(device, dtype, config.head_dim):
+    if "cpp" in cannot:
         reasons["cpp"] = cpp_kernels.unavailable_reason() or (
             f"it takes float32 values on the CPU with a head dimension of 1, 2, 3, 4, 6 or 8 vectors "
             f"(device {config.device}, dtype {config.dtype}, head_dim {config.head_dim})")
     return reasons
+
+
+def can_time(
+    backend: str, device: torch.device, dtype: torch.dtype, head_dim: int, steered: bool = False,
+    backward: bool = False,
+) -> bool:
+    """Whether ``backend`` (or ``auto``, which picks one that can) can run here: the registry's
+    ``can_run`` (:mod:`ssog.ops.registry`)."""
+    return backend == "auto" or BACKENDS[backend].can_run(device, dtype, head_dim, steered, backward)
 
 
 @dataclass
@@ -145,10 +160,8 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
     for backend in config.backends:
         if backend == "dense" and grid > config.dense_max_grid:
             continue
-        if backend == "triton" and not triton_available(device):
-            continue  # CUDA only (docs/operator.md)
-        if backend == "cpp" and (backward or not cpp_kernels.takes(device, dtype, config.head_dim)):
-            continue  # forward only, float32 on a CPU where it could be built
+        if not can_time(backend, device, dtype, config.head_dim, backward=backward):
+            continue  # triton: CUDA only; cpp: forward only, float32 on a CPU where it could be built
         calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
     if config.compiled:
         # Every grid and pass recompiles the same code; past torch's recompile limit (8),
@@ -165,7 +178,7 @@ def _mixing(grid: int, backend: str) -> Callable[..., torch.Tensor]:
     """``(v, mu, sigma, weight) -> out`` on a ``grid x grid`` grid, as the layers mix."""
 
     def mix(v: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return _ssog_mix_unchecked(v, mu, sigma, weight, (grid, grid), backend)
+        return mix_unchecked(v, mu, sigma, weight, (grid, grid), backend)
 
     return mix
 
@@ -335,9 +348,9 @@ class SteeredLayerConfig:
     warmup: int = 2
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.backends) - set(BACKENDS))
+        unknown = sorted(set(self.backends) - set(BACKEND_NAMES))
         if unknown:
-            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKENDS)}")
+            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKEND_NAMES)}")
         for name in ("batch", "dim", "heads", "atoms", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -363,7 +376,7 @@ def run_steered_layer_benchmark(
         x = torch.randn(config.batch, 1 + grid * grid, config.dim, device=device)
         calls: dict[str, Callable[[], torch.Tensor]] = {"mha": _layer_call(mha, x, grid)}
         for backend in config.backends:
-            if backend == "cpp" and not cpp_kernels.takes(device, x.dtype, config.dim // config.heads):
+            if not can_time(backend, device, x.dtype, config.dim // config.heads, steered=True):
                 continue
             calls[f"ssog-{backend}"] = _layer_call(ssog, x, grid, backend)
         with torch.inference_mode():

@@ -19,7 +19,7 @@ from ..bench.operator import (
     unavailable_backends,
 )
 from ..files import clear_results, write_atomic
-from ..ops import BACKENDS
+from ..ops import BACKEND_NAMES
 from ..runtime import DTYPES, check_plotting
 
 
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--atoms", type=int, default=defaults.atoms)
     parser.add_argument("--dtype", default=defaults.dtype, choices=list(DTYPES))
     parser.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
-    parser.add_argument("--backends", nargs="+", choices=BACKENDS,
+    parser.add_argument("--backends", nargs="+", choices=BACKEND_NAMES,
                         help="backends to time (default: every one that can run on --device; one given here "
                              "that cannot is an error)")
     parser.add_argument("--compile", nargs="+", default=[], choices=COMPILABLE, metavar="BACKEND",
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     config = OperatorConfig(
         grids=args.grids, batch=OperatorConfig.batch if args.batch is None else args.batch,
         heads=args.heads, head_dim=args.head_dim, atoms=args.atoms,
-        dtype=args.dtype, device=args.device, backends=args.backends or BACKENDS, backward=not args.forward_only,
+        dtype=args.dtype, device=args.device, backends=args.backends or BACKEND_NAMES, backward=not args.forward_only,
         rounds=args.rounds, warmup=args.warmup, dense_max_grid=args.dense_max_grid, compiled=args.compile,
     )
     unavailable = unavailable_backends(config)

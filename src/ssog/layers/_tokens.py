@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+__all__ = ["prefix_mean_rows", "refuse_torchscript"]
+
 
 def refuse_torchscript(module: nn.Module) -> nn.Module:
     """The mixers' ``__prepare_scriptable__``, which ``torch.jit.script`` calls on every module

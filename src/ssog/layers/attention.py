@@ -8,6 +8,8 @@ from torch import Tensor, nn
 from ..ops.checks import check_heads, check_tokens
 from ._tokens import refuse_torchscript
 
+__all__ = ["MultiHeadAttention"]
+
 
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention with fused q/k/v (``qkv``) and output (``proj``) projections.

@@ -6,6 +6,8 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .ssog_attention import SSoGAttention
 
+__all__ = ["MIXER_TYPES", "named_mixers", "ssog_mixers"]
+
 #: The token-mixer layers of the ssog models.
 MIXER_TYPES: tuple[type[nn.Module], ...] = (SSoGAttention, MultiHeadAttention)
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+__all__ = ["CenterNorm"]
+
 
 class CenterNorm(nn.Module):
     """Subtract the channel mean and scale by ``D / (D - 1)``: ``x -> (x - mean(x)) * D/(D-1)``.

@@ -12,9 +12,10 @@ from torch import Tensor, nn
 
 from ..ops import ssog_matrix
 from ..ops.backends import apply_fixed_matrix
+from ..ops.capture import capturing_graph
 from ..ops.checks import check_mixer_options, check_steer, check_tokens
-from ..ops.functional import _ssog_mix_unchecked, choose_backend, forced_backend_name
-from ..ops.kernels import capturing_graph
+from ..ops.functional import choose_backend, forced_backend_name, mix_unchecked
+from ..ops.registry import check_backend
 from ._tokens import prefix_mean_rows, refuse_torchscript
 
 STEERABLE = ("mu", "sigma", "lambda")
@@ -193,7 +194,8 @@ class SSoGAttention(nn.Module):
         dd = {"device": device, "dtype": dtype}
         check_mixer_options(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
                             steer_radius=steer_radius, centre_radius=centre_radius,
-                            num_prefix_tokens=num_prefix_tokens, backend=backend)
+                            num_prefix_tokens=num_prefix_tokens)
+        check_backend(backend)
 
         scale = _axis_pair(kernel_scale, "kernel_scale")
         self.dim, self.num_heads, self.num_atoms = dim, num_heads, num_atoms
@@ -316,7 +318,7 @@ class SSoGAttention(nn.Module):
             patch_out.copy_(apply_fixed_matrix(matrix, patch_values))
         else:
             mu, sigma, weight = self.mixture(x[:, prefix:])
-            _ssog_mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend, out=patch_out)
+            mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend, out=patch_out)
         if prefix:
             out[:, :prefix] = patch_values.mean(dim=2).unsqueeze(1)
         return self.proj_drop(self.proj(out.view(batch, tokens, self.dim)))
@@ -335,11 +337,10 @@ class SSoGAttention(nn.Module):
         """
         if self.steer or torch.is_grad_enabled() or capturing_graph() or forced_backend_name():
             return None
-        if self.backend not in ("auto", "dense"):
-            return None
-        if self.backend == "auto" and choose_backend(
+        backend = self.backend if self.backend != "auto" else choose_backend(
             values.shape, grid_size, self.num_atoms, False, values.device, matrix_cached=True, dtype=values.dtype
-        ) != "dense":
+        )
+        if backend != "dense":
             return None
         key = (tuple(grid_size), values.device, values.dtype, self._mixture_key())
         if self._matrix_cache is None or self._matrix_cache[0] != key:

@@ -1,7 +1,7 @@
 """Discrete family: a stack of ``depth`` pre-norm blocks (timm's ViT with a choice of mixer)."""
 from __future__ import annotations
 
-import warnings
+import logging
 from typing import Any, Iterator
 
 from torch import Tensor, nn
@@ -10,6 +10,8 @@ from timm.models._features import feature_take_indices
 from ._base import ViTBase
 from ._blocks import Block
 from ._registry import register_family
+
+logger = logging.getLogger(__name__)
 
 
 class ViT(ViTBase):
@@ -33,11 +35,10 @@ class ViT(ViTBase):
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
         if self.op == "ssog" and self.global_pool == "token":
-            warnings.warn(
+            logger.warning(
                 "an SSoG ViT pooled by its class token never trains the last block's kernels "
                 "(the class token reads only the mean of the patch values); global_pool='avg' "
-                "without a class token is the SSoG default (docs/results/accuracy.md)",
-                stacklevel=2,
+                "without a class token is the SSoG default (docs/results/accuracy.md)"
             )
         block_args = self._block_args()
         self.blocks = nn.ModuleList(

@@ -16,7 +16,7 @@ Fixed (content-independent) kernels, one per head, shared by the whole batch:
 Query-steered kernels differ per query, so they are built and applied in query chunks.
 
 Blocks and chunks are sized from the batch, except where a captured graph must hold for
-every batch (:func:`any_batch`): they are then sized for one image and span all of them.
+every batch (:func:`ssog.ops.capture.any_batch`): they are then sized for one image and span all of them.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .capture import any_batch, functorch_wrapped
 from .kernels import query_positions, steered_axis_kernels
 
 #: Bytes of intermediate one block of the separable path may use, at most (and at most
@@ -52,15 +53,6 @@ STEERED_TILE = 8
 #: Default tolerance of the local backend: keys whose kernel value is below this fraction
 #: of the row's peak are dropped (and the row renormalised).
 LOCAL_TOLERANCE = 1e-6
-
-
-def any_batch(batch: int | torch.SymInt) -> bool:
-    """Whether the graph being captured must hold for every batch size: a symbolic batch
-    (``torch.export`` with a dynamic batch dimension, ``torch.compile`` with dynamic shapes)
-    or ``torch.jit.trace``, whose graph runs at any input size. Sizing work by the batch
-    would then guard on the example's (an export error) or bake it in (a trace that fails,
-    or silently computes something else, at another batch)."""
-    return isinstance(batch, torch.SymInt) or torch.jit.is_tracing()
 
 
 # ----------------------------------------------------------------------------- fixed kernels
@@ -172,7 +164,7 @@ def fixed_separable(
 def _separable_every_image(
     v: Tensor, ky: Tensor, kx: Tensor, rows_per_block: int, key_rows: list[tuple[int, int]] | None
 ) -> Tensor:
-    """:func:`fixed_separable` as one graph for every batch (:func:`any_batch`): each head's
+    """:func:`fixed_separable` as one graph for every batch (:func:`ssog.ops.capture.any_batch`): each head's
     kernels broadcast over the images, blocks of query rows spanning every image.
 
     ``ky (H, Hg*R, Hg)`` rows ``(y', r)`` and ``kx (H, Wg, R*Wg)`` columns ``(r, x)``, in the
@@ -217,14 +209,18 @@ def _separable_block(
 
 
 def truncate_kernels(kernel: Tensor, tolerance: float) -> Tensor:
-    """Zero entries below ``tolerance`` times their row's peak, keeping each row's sum.
+    """Zero entries whose magnitude is below ``tolerance`` times their row's peak magnitude,
+    keeping each row's sum.
 
-    ``kernel (..., L, L)``. The peak itself always survives, so a row never becomes empty,
-    wherever its centre lies.
+    ``kernel (..., L, L)``: rows of one sign each, a Gaussian times its atom's weight, which may
+    be negative or 0 (a softmax's limit). The peak always survives, so a row never becomes
+    empty, wherever its centre lies; a row of zeros (weight 0) stays zeros, where rescaling
+    it would divide 0 by 0.
     """
-    keep = kernel >= tolerance * kernel.amax(dim=-1, keepdim=True)
-    kept = kernel * keep
-    return kept * (kernel.sum(dim=-1, keepdim=True) / kept.sum(dim=-1, keepdim=True))
+    magnitude = kernel.abs()
+    kept = kernel * (magnitude >= tolerance * magnitude.amax(dim=-1, keepdim=True))
+    kept_sum = kept.sum(dim=-1, keepdim=True)
+    return kept * (kernel.sum(dim=-1, keepdim=True) / torch.where(kept_sum == 0, 1.0, kept_sum))
 
 
 def key_row_spans(ky: Tensor) -> list[tuple[int, int]]:
@@ -321,14 +317,6 @@ def _recompute_in_backward(*tensors: Tensor) -> bool:
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         return False
     return not functorch_wrapped(*tensors)
-
-
-def functorch_wrapped(*tensors: Tensor) -> bool:
-    """Whether a ``torch.func`` transform (``vmap``, ``vjp``, ``jacrev``, ...) wraps any of
-    ``tensors`` (never while ``torch.compile`` traces)."""
-    if torch.compiler.is_compiling():
-        return False
-    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def _checkpointed(fn, *args, several: bool) -> Tensor:

@@ -3,8 +3,9 @@
 Each check raises ``ValueError`` with one line naming the argument, what it was and what was
 expected. :func:`ssog.ops.ssog_mix` and :func:`ssog.ops.ssog_matrix` run the operator checks on
 every call; the layers check their tokens on every call and their options once, at
-construction, and then call the operator's unchecked entry (their parameters have the right
-shapes by construction).
+construction, and then call the operator's unchecked entry, :func:`ssog.ops.functional.mix_unchecked`
+(their parameters have the right shapes by construction). Backend names are the registry's
+(:func:`ssog.ops.registry.check_backend`).
 """
 from __future__ import annotations
 
@@ -15,27 +16,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .backends import functorch_wrapped
-from .kernels import capturing_graph, kernel_dtype
+from .capture import capturing_graph, functorch_wrapped
+from .kernels import kernel_dtype
 
 __all__ = [
-    "BACKENDS", "MAX_CENTRE_OFFSET", "check_backend", "check_grid", "check_heads", "check_local_tolerance",
-    "check_mixer_options",
+    "MAX_CENTRE_OFFSET", "check_grid", "check_heads", "check_local_tolerance", "check_mixer_options",
     "check_parameter_values", "check_parameters", "check_steer", "check_tokens", "check_values",
 ]
-
-BACKENDS = ("auto", "dense", "separable", "local", "cpp", "triton")
 
 #: Largest ``|mu|`` (tokens) accepted. A kernel row is a softmax of ``-(j - c)^2 / 2 sigma^2``
 #: over keys ``j``; float32 resolves neighbouring keys' squared distances from a centre ``c``
 #: only to about ``2^24 / |c|`` ulps, so 2^20 keeps 16 and anything beyond is a diverged
 #: parameter, not a meaningful offset on any grid.
 MAX_CENTRE_OFFSET = 2.0**20
-
-
-def check_backend(name: str) -> None:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
 
 
 def check_grid(grid_size: tuple[int, int]) -> tuple[int, int]:
@@ -195,9 +188,9 @@ def check_mixer_options(
     steer_radius: float,
     centre_radius: float,
     num_prefix_tokens: int,
-    backend: str,
 ) -> None:
-    """The numeric options of :class:`ssog.layers.SSoGAttention` (sizes, tokens, widths in tokens)."""
+    """The numeric options of :class:`ssog.layers.SSoGAttention` (sizes, tokens, widths in tokens;
+    its backend's name is checked by :func:`ssog.ops.registry.check_backend`)."""
     check_heads(dim, num_heads)
     if num_atoms < 1:
         raise ValueError(f"num_atoms must be >= 1, got {num_atoms}")
@@ -208,7 +201,6 @@ def check_mixer_options(
         raise ValueError(f"centre_radius must be a finite number >= 0 (tokens), got {centre_radius}")
     if num_prefix_tokens < 0:
         raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
-    check_backend(backend)
 
 
 def check_steer(steer: Iterable[str], steerable: tuple[str, ...]) -> tuple[str, ...]:

@@ -28,14 +28,13 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from .checks import check_parameter_values
-from .kernels import capturing_graph
+from .capture import capturing_graph
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +179,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"disabled by SSOG_CPP={os.environ['SSOG_CPP']}"
     if switch not in ("", "1", "true", "yes", "on"):
         reason = f"SSOG_CPP={os.environ['SSOG_CPP']!r} is not 0/1, false/true, no/yes or off/on; taken as off"
-        warnings.warn(reason, stacklevel=2)
+        logger.warning(reason)
         return None, reason
     try:
         path = _build()

@@ -1,9 +1,11 @@
 """Public SSoG operator: ``ssog_matrix`` (the dense definition) and ``ssog_mix`` (fast).
 
-``ssog_mix`` checks its arguments (:mod:`ssog.ops.checks`) and calls
-:func:`_ssog_mix_unchecked`, which the layers call directly: their parameters have the right
-shapes by construction, and per-call checks of parameter values would synchronise a GPU.
-(For ``ssog_mix``, the ``cpp`` kernels check the values themselves as they start.)
+``ssog_mix`` checks its arguments (:mod:`ssog.ops.checks`) and calls :func:`mix_unchecked`,
+which the layers call directly: their parameters have the right shapes by construction, and
+per-call checks of parameter values would synchronise a GPU. (For ``ssog_mix``, the ``cpp``
+kernels check the values themselves as they start.) ``mix_unchecked`` runs the backend that
+was asked for, or the one ``auto`` (:func:`choose_backend`) picks, from the registry
+(:data:`ssog.ops.registry.BACKENDS`).
 
 Shapes (docs/operator.md, "Shapes"), with ``N = Hg * Wg`` patch tokens on a
 row-major grid:
@@ -25,11 +27,13 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from . import backends, cpp_kernels
-from .checks import (
-    check_backend, check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values,
-)
-from .kernels import capturing_graph, fixed_axis_kernels, kernel_dtype
+from . import backends
+from .capture import any_batch, functorch_wrapped
+from .checks import check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values
+from .kernels import fixed_kernel_pair, in_kernel_precision
+from .registry import BACKENDS, check_backend, pytorch_backend, windowed_tiles
+
+__all__ = ["choose_backend", "forced_backend", "forced_backend_name", "mix_unchecked", "ssog_matrix", "ssog_mix"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +82,10 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int,
     grid_size = check_grid(grid_size)
     steered = check_parameters(mu, sigma, weight, grid_size, batch_heads=None)
     check_parameter_values(mu, sigma, weight, grid_size)
-    mu, sigma, weight = _kernel_precision(mu, sigma, weight, mu.dtype)
+    mu, sigma, weight = in_kernel_precision(mu, sigma, weight, mu.dtype)
     if steered:
         return backends.steered_matrix(mu, sigma, weight, grid_size)
-    return backends.fixed_matrix(*_fixed_kernels(mu, sigma, weight, grid_size))
+    return backends.fixed_matrix(*fixed_kernel_pair(mu, sigma, weight, grid_size))
 
 
 def ssog_mix(
@@ -116,10 +120,10 @@ def ssog_mix(
     check_parameters(mu, sigma, weight, grid_size, batch_heads=(batch, heads))
     check_backend(backend)
     check_local_tolerance(local_tolerance)
-    return _ssog_mix_unchecked(v, mu, sigma, weight, grid_size, backend, local_tolerance, value_checks=True)
+    return mix_unchecked(v, mu, sigma, weight, grid_size, backend, local_tolerance, value_checks=True)
 
 
-def _ssog_mix_unchecked(
+def mix_unchecked(
     v: Tensor,
     mu: Tensor,
     sigma: Tensor,
@@ -130,7 +134,17 @@ def _ssog_mix_unchecked(
     out: Tensor | None = None,
     value_checks: bool = False,
 ) -> Tensor:
-    """:func:`ssog_mix` without its argument checks, for callers whose shapes hold by construction.
+    """:func:`ssog_mix` without its argument checks; same arguments, shapes and result.
+
+    It skips every check of :mod:`ssog.ops.checks` that ``ssog_mix`` runs (the shapes of
+    ``v`` and the parameters against each other and the grid, the backend's name,
+    ``local_tolerance``) and, unless ``value_checks``, the parameters' values: wrong
+    arguments give an error deep in a backend or a wrong result, not a one-line
+    ``ValueError``. Only callers whose arguments hold by construction may call it:
+    :class:`ssog.layers.SSoGAttention` (its parameters have the right shapes, and per-call
+    value checks would synchronise a GPU), ``ssog bench-op``'s compiled candidates (as a
+    compiled layer mixes: value checks read values on the host, which breaks the graph) and
+    :func:`ssog_mix` after its checks. Everyone else calls :func:`ssog_mix`.
 
     ``out``: an optional ``(B, H, N, d)`` destination (a view with contiguous features, not
     overlapping ``v``) that the result is written into and returned as; the ``cpp`` kernels
@@ -143,71 +157,25 @@ def _ssog_mix_unchecked(
     backend = _forced.get() or backend
     if backend == "auto":
         requires_grad = _differentiated(v, mu, sigma, weight)
-        choice = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype)
-        # A steered "dense" is from shapes alone: _steered still weighs the windowed path.
-        backend = "auto" if steered and choice == "dense" else choice
-    if backend == "cpp":  # float32 kernels of its own, outside autocast (not a torch op)
-        mix = cpp_kernels.cpp_steered if steered else cpp_kernels.cpp_fixed
-        return mix(v, mu, sigma, weight, grid_size, out=out, value_checks=value_checks)
-    if value_checks:
-        check_parameter_values(mu, sigma, weight, grid_size)
-    mixed = _mix_in_pytorch(v, mu, sigma, weight, grid_size, steered, backend, local_tolerance)
-    return mixed if out is None else out.copy_(mixed)
+        backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype)
+        if steered and backend == "dense":  # from shapes alone: the windowed path may be cheaper
+            return _steered_auto(v, mu, sigma, weight, grid_size, local_tolerance, out=out, value_checks=value_checks)
+    mix = BACKENDS[backend].mixing(steered)
+    return mix(v, mu, sigma, weight, grid_size, local_tolerance, out=out, value_checks=value_checks)
 
 
-def _mix_in_pytorch(
-    v: Tensor,
-    mu: Tensor,
-    sigma: Tensor,
-    weight: Tensor,
-    grid_size: tuple[int, int],
-    steered: bool,
-    backend: str,
-    local_tolerance: float,
+@pytorch_backend
+def _steered_auto(
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], tolerance: float
 ) -> Tensor:
-    """The differentiable backends (and ``triton``), with kernels in fp32 (fp64 for fp64)."""
-    mu, sigma, weight = _kernel_precision(mu, sigma, weight, v.dtype)
-    # Kernels stay in fp32 under autocast; contractions run in the dtype of v.
-    autocast_off = (
-        torch.autocast(v.device.type, enabled=False)
-        if torch.amp.is_autocast_available(v.device.type)
-        else contextlib.nullcontext()
-    )
-    with autocast_off:
-        if steered:
-            return _steered(v, mu, sigma, weight, grid_size, backend, local_tolerance)
-        ky, kx = _fixed_kernels(mu, sigma, weight, grid_size)
-        if backend == "dense":
-            return backends.fixed_dense(v, ky, kx)
-        if backend == "separable":
-            return backends.fixed_separable(v, ky, kx)
-        if backend == "triton":
-            from .triton_separable import triton_separable
-
-            return triton_separable(v, ky, kx)
-        ky = backends.truncate_kernels(ky, local_tolerance)
-        kx = backends.truncate_kernels(kx, local_tolerance)
-        return backends.fixed_separable(v, ky, kx, key_rows=backends.key_row_spans(ky))
-
-
-def _steered(
-    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], backend: str, tolerance: float
-) -> Tensor:
-    """Steered mixing; ``auto`` measures the key windows of these parameters and takes the
+    """Steered mixing for ``auto``: measures the key windows of these parameters and takes the
     windowed (``local``) path when its tiles are cheaper than whole rows of ``A`` (reading
-    the windows synchronises a GPU once per call). Under graph capture (``torch.compile``,
-    ``torch.export``, ``torch.jit.trace``) and on the meta device ``auto`` uses whole rows: the
-    windows depend on the values, not on shapes."""
-    if backend == "triton":
-        raise ValueError("the triton backend supports fixed kernels only; use dense, separable or local")
-    if backend == "separable":
-        return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=True)
-    if backend == "local" or (
-        backend == "auto" and v.device.type != "meta" and not capturing_graph()
-    ):
-        windows = backends.steered_windows(mu, sigma, grid_size, tolerance)
-        tiles = backends.steered_tiles(windows, backends.STEERED_TILE)
-        if backend == "local" or _windowed_is_cheaper(tiles, v.shape, mu.shape[-2]):
+    the windows synchronises a GPU once per call), else ``dense``. Where ``local`` cannot run
+    (graph capture: ``torch.compile``, ``torch.export``, ``torch.jit.trace``; the meta device)
+    it uses whole rows: the windows depend on the values, not on shapes."""
+    if BACKENDS["local"].can_run(v.device, v.dtype, v.shape[-1], True, False):
+        tiles = windowed_tiles(mu, sigma, grid_size, tolerance)
+        if _windowed_is_cheaper(tiles, v.shape, mu.shape[-2]):
             return backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
     return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=False)
 
@@ -243,8 +211,9 @@ def choose_backend(
 ) -> str:
     """Pick the cheapest backend for fixed or steered kernels by a cost model.
 
-    Without autograd, on a CPU where the ``cpp`` backend's fused kernels take ``dtype`` and
-    the head dimension (:func:`ssog.ops.cpp_kernels.takes`), it is ``cpp``: for fixed kernels
+    Where the ``cpp`` backend can run (``BACKENDS["cpp"].can_run``, :mod:`ssog.ops.registry`:
+    without autograd, on a CPU where its fused kernels take ``dtype`` and the head
+    dimension), it is ``cpp``: for fixed kernels
     it does the separable multiply-adds without the separable path's overhead, for steered
     ones the dense path's (fewer where kernels are narrow), each in one pass
     (docs/results/operator.md). Otherwise:
@@ -262,7 +231,7 @@ def choose_backend(
     ``matrix_cached``: the caller holds ``A`` already (``SSoGAttention`` in inference), so
     dense costs only its GEMM. Dense is only considered while ``A`` stays within
     ``DENSE_MAX_MATRIX_BYTES``. A graph that must hold for every batch
-    (:func:`ssog.ops.backends.any_batch`: ``torch.export`` with a dynamic batch,
+    (:func:`ssog.ops.capture.any_batch`: ``torch.export`` with a dynamic batch,
     ``torch.jit.trace``) is chosen for as for a large batch, where building ``A`` once is
     shared by all images: the choice then depends on the grid, atoms and head_dim alone,
     not on the example's batch. The costs
@@ -273,9 +242,9 @@ def choose_backend(
     ``local`` path against it, which needs the parameters' values.)
     """
     batch, heads, n, dim = value_shape
-    if backends.any_batch(batch):
+    if any_batch(batch):
         batch, matrix_cached = 1, True
-    if not requires_grad and cpp_kernels.takes(device, dtype, dim):
+    if BACKENDS["cpp"].can_run(device, dtype, dim, steered, requires_grad):
         _debug("choose_backend: cpp (fused CPU kernels, no autograd)")
         return "cpp"
     if steered:
@@ -308,7 +277,7 @@ def _differentiated(*tensors: Tensor) -> bool:
     kernels, which read raw memory, must not run."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return True
-    return backends.functorch_wrapped(*tensors)
+    return functorch_wrapped(*tensors)
 
 
 def _debug(message: str, *args: object) -> None:
@@ -316,18 +285,3 @@ def _debug(message: str, *args: object) -> None:
     graph would break ``fullgraph=True``, and the choice is a constant of the graph anyway."""
     if not torch.compiler.is_compiling():
         logger.debug(message, *args)
-
-
-def _fixed_kernels(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """``ky (H, R, Hg, Hg)`` with the mixture weights folded in and ``kx (H, R, Wg, Wg)``."""
-    rows, cols = grid_size
-    ky = fixed_axis_kernels(mu[..., 0], sigma[..., 0], rows) * weight[..., None, None]
-    kx = fixed_axis_kernels(mu[..., 1], sigma[..., 1], cols)
-    return ky, kx
-
-
-def _kernel_precision(
-    mu: Tensor, sigma: Tensor, weight: Tensor, value_dtype: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor]:
-    dtype = kernel_dtype(torch.promote_types(value_dtype, mu.dtype))
-    return mu.to(dtype), sigma.to(dtype), weight.to(dtype)

@@ -13,22 +13,25 @@ import math
 import torch
 from torch import Tensor
 
+from .capture import capturing_graph
 
-def capturing_graph() -> bool:
-    """Whether this call is being recorded into a graph rather than run: ``torch.compile``,
-    ``torch.export`` (both trace with dynamo or FX) or ``torch.jit.trace``.
-
-    Paths that decide in Python from tensor values (the layer's matrix cache, the steered
-    path's key windows), that call outside torch's dispatcher (the ``cpp`` kernels) or that
-    a tracer cannot record (an ``autograd.Function``) would be baked into the graph as
-    constants or fail there; the plain tensor paths they stand in for are recorded exactly.
-    """
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+__all__ = [
+    "fixed_axis_kernels", "fixed_kernel_pair", "gaussian_rows", "in_kernel_precision", "kernel_dtype",
+    "query_positions", "steered_axis_kernels",
+]
 
 
 def kernel_dtype(value_dtype: torch.dtype) -> torch.dtype:
     """float64 for float64 values, float32 for everything else (fp16, bf16, fp32)."""
     return torch.float64 if value_dtype == torch.float64 else torch.float32
+
+
+def in_kernel_precision(
+    mu: Tensor, sigma: Tensor, weight: Tensor, value_dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``mu, sigma, weight`` in the kernel dtype of values of ``value_dtype`` (and of ``mu``'s)."""
+    dtype = kernel_dtype(torch.promote_types(value_dtype, mu.dtype))
+    return mu.to(dtype), sigma.to(dtype), weight.to(dtype)
 
 
 def gaussian_rows(center: Tensor, sigma: Tensor, length: int) -> Tensor:
@@ -153,6 +156,17 @@ def fixed_axis_kernels(mu: Tensor, sigma: Tensor, length: int) -> Tensor:
     queries = torch.arange(length, device=mu.device, dtype=mu.dtype)
     center = queries.view(-1, 1) + mu.unsqueeze(-2)  # (H, L, R)
     return gaussian_rows(center, sigma.unsqueeze(-2).expand_as(center), length).transpose(-3, -2)
+
+
+def fixed_kernel_pair(
+    mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]
+) -> tuple[Tensor, Tensor]:
+    """``ky (H, R, Hg, Hg)`` with the mixture weights folded in and ``kx (H, R, Wg, Wg)``, from
+    fixed ``mu, sigma (H, R, 2)`` and ``weight (H, R)``."""
+    rows, cols = grid_size
+    ky = fixed_axis_kernels(mu[..., 0], sigma[..., 0], rows) * weight[..., None, None]
+    kx = fixed_axis_kernels(mu[..., 1], sigma[..., 1], cols)
+    return ky, kx
 
 
 def steered_axis_kernels(mu: Tensor, sigma: Tensor, query_pos: Tensor, length: int) -> Tensor:

@@ -68,16 +68,17 @@ void parallel_for(int64_t count, int threads, Body body) {
 }
 
 // First and last+1 index of `length` where any of the `count` rows (stride `stride`) is above
-// the floor (or NaN); an empty span when none is.
+// the floor in magnitude (or NaN); an empty span when none is. Rows carry their atom's weight,
+// which may be negative (a signed mixture) or 0 (a softmax's limit: an empty span).
 inline void span_above_floor(const float* rows, int count, int64_t stride, int length, int* first, int* end) {
   int lo = length, hi = 0;
   for (int k = 0; k < count; ++k) {
     const float* row = rows + k * stride;
     int j = 0;
-    while (j < lo && row[j] <= kNegligible) ++j;
+    while (j < lo && std::fabs(row[j]) <= kNegligible) ++j;
     lo = std::min(lo, j);
     j = length;
-    while (j > hi && row[j - 1] <= kNegligible) --j;
+    while (j > hi && std::fabs(row[j - 1]) <= kNegligible) --j;
     hi = std::max(hi, j);
   }
   *first = lo;
@@ -196,7 +197,7 @@ void steered_tile(const float* v, int64_t v_token, const float* mu, const float*
   vec acc[kQueries][kVectors] = {};
   for (int y = 0; y < rows; ++y) {
     bool negligible = true;  // false for NaN, which must reach the output
-    for (int k = 0; k < queries * atoms; ++k) negligible &= ky[k * stride_y + y] <= kNegligible;
+    for (int k = 0; k < queries * atoms; ++k) negligible &= std::fabs(ky[k * stride_y + y]) <= kNegligible;
     if (negligible) continue;
     for (int i = vector0; i < vector1; ++i) {
       for (int q = 0; q < kQueries; ++q) {

@@ -1,0 +1,38 @@
+"""How the operator is being run: recorded into a graph, for every batch, or under a
+``torch.func`` transform. The backends and the choice among them ask these before they read
+values on the host, size work by the batch or checkpoint activations."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["any_batch", "capturing_graph", "functorch_wrapped"]
+
+
+def capturing_graph() -> bool:
+    """Whether this call is being recorded into a graph rather than run: ``torch.compile``,
+    ``torch.export`` (both trace with dynamo or FX) or ``torch.jit.trace``.
+
+    Paths that decide in Python from tensor values (the layer's matrix cache, the steered
+    path's key windows), that call outside torch's dispatcher (the ``cpp`` kernels) or that
+    a tracer cannot record (an ``autograd.Function``) would be baked into the graph as
+    constants or fail there; the plain tensor paths they stand in for are recorded exactly.
+    """
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def any_batch(batch: int | torch.SymInt) -> bool:
+    """Whether the graph being captured must hold for every batch size: a symbolic batch
+    (``torch.export`` with a dynamic batch dimension, ``torch.compile`` with dynamic shapes)
+    or ``torch.jit.trace``, whose graph runs at any input size. Sizing work by the batch
+    would then guard on the example's (an export error) or bake it in (a trace that fails,
+    or silently computes something else, at another batch)."""
+    return isinstance(batch, torch.SymInt) or torch.jit.is_tracing()
+
+
+def functorch_wrapped(*tensors: Tensor) -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``vjp``, ``jacrev``, ...) wraps any of
+    ``tensors`` (never while ``torch.compile`` traces)."""
+    if torch.compiler.is_compiling():
+        return False
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
