@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 
 def _number(text: str) -> float | int:
@@ -88,6 +90,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for flag, _, text in _FLAGS:
         parser.add_argument(flag, action="store_true", default=None, help=text)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--dry-run", nargs="?", type=int, const=3, default=None, metavar="STEPS",
+                        help="build everything, time STEPS optimizer steps (default 3) at the recipe's batch and "
+                             "the data loader alone, print parameters, GFLOPs, step time, images/s, peak memory "
+                             "and the projected time per epoch and for the schedule; writes nothing")
+    parser.add_argument("--dry-run-report", metavar="FILE", help="with --dry-run: also write the report as JSON")
     parser.set_defaults(func=run)
 
 
@@ -106,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         overrides.append(("progress", False))
     overrides += [parse_override(text) for text in args.set]
+    if args.dry_run is not None or args.dry_run_report:
+        return _dry_run(args, overrides)
     try:
         if args.resume:
             if args.config or args.variant:
@@ -116,4 +125,20 @@ def run(args: argparse.Namespace) -> int:
     except TrainingInterrupted as stop:
         print(f"ssog train: {stop}", file=sys.stderr)
         return 128 + stop.signum
+    return 0
+
+
+def _dry_run(args: argparse.Namespace, overrides: list) -> int:
+    from ssog.files import write_atomic
+    from ssog.train import resolve_config
+    from ssog.train.dry_run import dry_run, format_dry_run
+
+    if args.dry_run is None:
+        raise ValueError("--dry-run-report FILE goes with --dry-run")
+    if args.resume:
+        raise ValueError("--dry-run measures a new run's recipe; --resume continues a run: give one")
+    report = dry_run(resolve_config(args.config, args.variant, overrides), steps=args.dry_run)
+    print(format_dry_run(report))
+    if args.dry_run_report:
+        write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n")
     return 0

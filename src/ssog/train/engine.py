@@ -254,7 +254,7 @@ class Trainer:
         self._info(f"resumed at epoch {progress.epoch + 1}, step {self.global_step}")
 
     # ------------------------------------------------------------------ loop
-    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> float:
+    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> float:
         """One micro-batch: forward, and backward of its loss / ``grad_accum_steps``, adding to the
         gradients (under DDP all-reduced only when ``sync``, the step's last micro-batch)."""
         cfg = self.cfg
@@ -271,7 +271,8 @@ class Trainer:
             self.scaler.scale(loss / cfg.grad_accum_steps).backward()
         return value
 
-    def _optimizer_step(self) -> None:
+    def optimizer_step(self) -> None:
+        """Clip, step the optimizer (and the gradient scaler), update the EMA and the schedule."""
         cfg = self.cfg
         self.scaler.unscale_(self.optimizer)  # a no-op without fp16
         self.progress.grad_norms.update()
@@ -326,13 +327,13 @@ class Trainer:
                     break
                 micro += 1
                 sync = micro % cfg.grad_accum_steps == 0
-                loss = self._forward_backward(images, targets, sync)
+                loss = self.forward_backward(images, targets, sync)
                 progress.loss_sum += loss * len(images)
                 progress.loss_count += len(images)
                 self.window = (self.window[0] + loss * len(images), self.window[1] + len(images), self.window[2])
                 if not sync:
                     continue
-                self._optimizer_step()
+                self.optimizer_step()
                 progress.step_in_epoch += 1
                 bar.update()
                 bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.lr():.2e}")

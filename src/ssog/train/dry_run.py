@@ -1,0 +1,243 @@
+"""``ssog train --dry-run``: what a recipe costs on this device, before launching it.
+
+Everything a run builds is built (data, model, optimizer, schedule, augmentation, mixup,
+EMA), then a few optimizer steps run at the recipe's batch size on batches the loader
+produced, timed apart from the loader, which is timed alone. Where a step does not fit in
+memory, the largest micro-batch that does is found and the ``grad_accum_steps`` that keeps the
+global batch is given. The report projects the time per epoch and for the whole schedule.
+
+Nothing is written: no run folder, no download. A CIFAR recipe whose data is not on this
+machine is measured on generated images of its shape (size and classes), and its epoch
+projected for the real training set's size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ssog.models import count_flops
+from ssog.runtime import autocast, is_out_of_memory, torch_settings
+from ssog.train.config import TrainConfig
+from ssog.train.distributed import DistContext, init_distributed
+from ssog.train.engine import Trainer
+
+__all__ = ["KNOWN_SOURCES", "dry_run", "format_dry_run"]
+
+logger = logging.getLogger(__name__)
+
+#: Classes, training and test images of the sources a dry run can stand in for without their files.
+KNOWN_SOURCES: dict[str, tuple[int, int, int]] = {"cifar10": (10, 50_000, 10_000), "cifar100": (100, 50_000, 10_000)}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]:
+    """The run's :class:`Trainer` (nothing written), or one on generated data of the recipe's
+    shape when its data source is a known one that is not on this machine; with notes on
+    the data measured: ``stand_in`` and the real ``train_images`` and ``val_images`` of the source."""
+    cfg = dataclasses.replace(cfg, download=False)
+    try:
+        trainer = Trainer(cfg, ctx, Path(cfg.output or "dry-run"))
+        return trainer, {"stand_in": None, "train_images": len(trainer.data.train_loader.dataset),
+                         "val_images": len(trainer.data.val_loader.dataset)}
+    except (ValueError, OSError) as error:
+        if cfg.dataset not in KNOWN_SOURCES:
+            raise ValueError(f"{error} (measure without the data: add --dataset synthetic)") from error
+        reason = str(error)
+    classes, train_images, val_images = KNOWN_SOURCES[cfg.dataset]
+    if isinstance(cfg.val_split, (int, float)) and not isinstance(cfg.val_split, bool):
+        val_images = int(cfg.val_split if cfg.val_split >= 1 else round(train_images * cfg.val_split))
+        train_images -= val_images
+    stand_in = dataclasses.replace(cfg, dataset="synthetic", data_dir=None, val_split=None,
+                                   synthetic_size=cfg.batch_size, synthetic_classes=classes)
+    logger.warning(f"{cfg.dataset} is not readable here ({reason}); measuring on generated images of its shape "
+                   f"({classes} classes), the epoch projected for its {train_images:,} training images")
+    return Trainer(stand_in, ctx, Path(cfg.output or "dry-run")), {
+        "stand_in": cfg.dataset, "train_images": train_images, "val_images": val_images}
+
+
+def _time_loader(trainer: Trainer, micro_batches: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], float]:
+    """``micro_batches`` batches of the training loader (started again as often as needed) and
+    its images per second, the first batch (worker start-up) left out of the rate."""
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+    images, start, epoch = 0, 0.0, 0
+    while len(batches) < micro_batches:
+        trainer.data.start_epoch(epoch)
+        for batch in trainer.data.train_loader:
+            batches.append(batch)
+            if len(batches) == 1:
+                start = time.perf_counter()
+            else:
+                images += len(batch[0])
+            if len(batches) == micro_batches:
+                break
+        epoch += 1
+    elapsed = time.perf_counter() - start
+    return batches, images / elapsed if images and elapsed > 0 else math.nan
+
+
+def _step(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """One optimizer step over ``micro`` (its micro-batches); seconds."""
+    _synchronize(trainer.ctx.device)
+    start = time.perf_counter()
+    for i, (images, targets) in enumerate(micro):
+        trainer.forward_backward(images, targets, sync=i == len(micro) - 1)
+    trainer.optimizer_step()
+    _synchronize(trainer.ctx.device)
+    return time.perf_counter() - start
+
+
+def _fitting_micro_batch(trainer: Trainer, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """The largest micro-batch (the loader's, halved until it fits; even under mixup) whose
+    step does not run out of memory."""
+    size, smallest = len(batch[0]), 2 if trainer.mixup is not None else 1
+    while True:
+        try:
+            _step(trainer, [(batch[0][:size], batch[1][:size])])
+            return size
+        except (RuntimeError, MemoryError) as error:
+            if not is_out_of_memory(error) or size <= smallest:
+                raise
+            trainer.optimizer.zero_grad(set_to_none=True)
+            if trainer.ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+            size = max(smallest, size // 2)
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    """Bytes: the device's peak allocation on CUDA, else this process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "allocated on the GPU"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "resident, whole process"
+
+
+def _eval_seconds_per_image(trainer: Trainer) -> float:
+    """Seconds per image of the evaluation's forward pass, on one validation batch."""
+    images, _ = next(iter(trainer.data.val_loader))
+    images = images.to(trainer.ctx.device)
+    trainer.model.eval()
+    with torch.no_grad(), autocast(trainer.ctx.device, trainer.cfg.amp):
+        trainer.model(images)  # warm-up
+        _synchronize(trainer.ctx.device)
+        start = time.perf_counter()
+        trainer.model(images)
+        _synchronize(trainer.ctx.device)
+    trainer.model.train()
+    return (time.perf_counter() - start) / len(images)
+
+
+def _flops(trainer: Trainer) -> float | None:
+    """Forward GFLOPs of one image, where the model is one :func:`~ssog.models.count_flops` reads."""
+    try:
+        return count_flops(trainer.model, trainer.data.img_size)["total_gflops"]
+    except (AttributeError, TypeError):  # a timm model without ssog's patch_embed / in_chans
+        return None
+
+
+def dry_run(cfg: TrainConfig, steps: int = 3) -> dict[str, Any]:
+    """Build the run of ``cfg``, time ``steps`` optimizer steps (after one warm-up step) and the
+    loader, and project the schedule's time on this device. Writes nothing.
+
+    Returns the report: ``params``, ``gflops_per_image`` (forward), ``step_s`` (median) and
+    ``step_s_range``, ``model_images_per_s``, ``loader_images_per_s``, ``peak_memory_bytes``,
+    ``micro_batch`` and ``fits_micro_batch`` (with ``grad_accum_steps_needed`` when smaller),
+    ``eval_s_per_image``, ``steps_per_epoch``, ``epoch_s``, ``schedule_s``, ``epochs``, ...
+    """
+    if steps < 1:
+        raise ValueError(f"--dry-run STEPS must be >= 1, got {steps}")
+    ctx = init_distributed(cfg.device)
+    if ctx.distributed:
+        raise ValueError("--dry-run measures one process: run it without torchrun")
+    with torch_settings(ctx.device, cfg.threads, cfg.deterministic):
+        trainer, data = _build(cfg, ctx)
+        accum = trainer.data.grad_accum_steps
+        batches, loader_rate = _time_loader(trainer, accum * (steps + 1))
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        fits = _fitting_micro_batch(trainer, batches[0])  # also the warm-up step
+        micro = trainer.data.micro_batch
+        needed = accum * math.ceil(micro / fits)
+        while trainer.data.local_batch % needed:
+            needed += 1
+        chunks = needed // accum  # micro-batches of at most `fits` images per loader micro-batch
+        times = []
+        for step in range(steps):
+            step_batches = batches[(step + 1) * accum:(step + 2) * accum]
+            split = [(i.tensor_split(chunks)[c], t.tensor_split(chunks)[c]) for i, t in step_batches
+                     for c in range(chunks)]
+            times.append(_step(trainer, split))
+        peak, peak_kind = _peak_memory(ctx.device)
+        eval_per_image = _eval_seconds_per_image(trainer)
+        gflops = _flops(trainer)
+        threads = torch.get_num_threads() if ctx.device.type == "cpu" else None
+    step_s = statistics.median(times)
+    batch = trainer.data.local_batch
+    loader_step_s = batch / loader_rate if loader_rate == loader_rate else 0.0
+    # Loader workers prepare the next batches while the model steps; without workers they alternate.
+    step_with_data = max(step_s, loader_step_s) if cfg.num_workers else step_s + loader_step_s
+    steps_per_epoch = data["train_images"] // batch
+    val_images = data["val_images"]
+    eval_s = val_images * eval_per_image * (2 if trainer.ema is not None else 1)
+    epoch_s = steps_per_epoch * step_with_data + eval_s
+    return {
+        "model": cfg.model, "dataset": cfg.dataset, "stand_in": data["stand_in"], "img_size": trainer.data.img_size,
+        "device": str(ctx.device), "amp": cfg.amp, "threads": threads, "params": trainer.params,
+        "gflops_per_image": gflops, "batch_size": batch, "grad_accum_steps": accum, "micro_batch": micro,
+        "fits_micro_batch": fits, "grad_accum_steps_needed": needed if fits < micro else None,
+        "steps_timed": steps, "step_s": step_s, "step_s_range": (min(times), max(times)),
+        "model_images_per_s": batch / step_s, "loader_images_per_s": loader_rate, "num_workers": cfg.num_workers,
+        "bottleneck": "data loader" if loader_step_s > step_s else "model", "peak_memory_bytes": peak,
+        "peak_memory_kind": peak_kind, "eval_s_per_image": eval_per_image, "val_images": val_images,
+        "train_images": data["train_images"], "steps_per_epoch": steps_per_epoch, "epoch_s": epoch_s,
+        "epochs": trainer.num_epochs, "schedule_s": epoch_s * trainer.num_epochs,
+    }
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def format_dry_run(report: dict[str, Any]) -> str:
+    """The report of :func:`dry_run` as the lines ``ssog train --dry-run`` prints."""
+    r = report
+    data = f"{r['dataset']}" + (f" (generated stand-in for {r['stand_in']})" if r["stand_in"] else "")
+    threads = f", {r['threads']} thread{'s' if r['threads'] > 1 else ''}" if r["threads"] else ""
+    flops = "n/a" if r["gflops_per_image"] is None else \
+        f"{r['gflops_per_image']:.3g} forward (about {3 * r['gflops_per_image']:.3g} per training image)"
+    low, high = r["step_s_range"]
+    lines = [
+        f"dry run: {r['model']} on {data}, {r['img_size']} px, batch {r['batch_size']} "
+        f"({r['grad_accum_steps']} x {r['micro_batch']}), amp {r['amp']}, on {r['device']}{threads}",
+        f"  parameters       {r['params']:,}",
+        f"  GFLOPs / image   {flops}",
+        f"  step time        {r['step_s']:.3g} s (median of {r['steps_timed']}, {low:.3g}-{high:.3g})",
+        f"  model            {r['model_images_per_s']:.1f} images/s",
+        f"  data loader      {r['loader_images_per_s']:.1f} images/s alone ({r['num_workers']} workers); "
+        f"the {r['bottleneck']} sets the pace",
+        f"  peak memory      {r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['peak_memory_kind']})",
+    ]
+    if r["grad_accum_steps_needed"]:
+        lines.append(f"  does not fit     a micro-batch of {r['micro_batch']} runs out of memory; "
+                     f"{r['fits_micro_batch']} fits: keep batch {r['batch_size']} with "
+                     f"--set grad_accum_steps={r['grad_accum_steps_needed']} (timed so)")
+    lines += [
+        f"  evaluation       {1000 * r['eval_s_per_image']:.3g} ms per image, {r['val_images']:,} images per epoch",
+        f"  per epoch        {_duration(r['epoch_s'])} ({r['steps_per_epoch']:,} steps of {r['train_images']:,} "
+        "training images, evaluation included)",
+        f"  whole schedule   {_duration(r['schedule_s'])} ({r['epochs']} epochs)",
+    ]
+    return "\n".join(lines)

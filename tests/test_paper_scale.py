@@ -1,0 +1,96 @@
+"""What a researcher runs first on a paper recipe: the step limit, the command line's data
+source beating the recipe's, and ``ssog train --dry-run`` (issue 28)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from ssog.train import resolve_config, train
+from ssog.train.dry_run import dry_run, format_dry_run
+from ssog.train.engine import Trainer
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_max_steps_ends_the_run_evaluated_and_saved(tiny_config, tmp_path):
+    summary = train(tiny_config(tmp_path / "run", epochs=3, max_steps=6))  # 4 steps per epoch
+    assert summary["steps"] == 6 and summary["epochs"] == 2 and summary["max_steps"] == 6
+    history = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [(row["epoch"], row["step"]) for row in history] == [(1, 4), (2, 6)]
+    assert (tmp_path / "run" / "best.safetensors").is_file()
+    # the schedule is the recipe's (3 epochs, 12 steps), not shortened to the limit: at step 6
+    # its cosine is still above where the whole run is at step 8, far from min_lr
+    full = train(tiny_config(tmp_path / "full", epochs=3))
+    full_history = [json.loads(line) for line in (tmp_path / "full" / "log.jsonl").read_text().splitlines()]
+    assert full["steps"] == 12 and history[1]["lr"] > full_history[1]["lr"] > 10 * 1e-5
+
+
+def test_max_steps_is_checked(tiny_config, tmp_path):
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        tiny_config(tmp_path, max_steps=0)
+
+
+def test_a_dataset_on_the_command_line_beats_the_recipes_data_source(tmp_path):
+    recipe = CONFIGS / "_base/cifar100_224.yaml"
+    cfg = resolve_config(recipe, None, [("dataset", "synthetic")])
+    assert (cfg.dataset, cfg.data_dir, cfg.download) == ("synthetic", None, False)
+    # the same dataset keeps the recipe's folder; a folder alone keeps the recipe's dataset
+    # unless it visibly holds another source
+    assert resolve_config(recipe, None, [("dataset", "cifar100")]).data_dir == "data/cifar100"
+    assert resolve_config(recipe, None, [("data_dir", str(tmp_path / "new"))]).dataset == "cifar100"
+    (tmp_path / "folder" / "train" / "cat").mkdir(parents=True)
+    assert resolve_config(recipe, None, [("data_dir", str(tmp_path / "folder"))]).dataset == "imagefolder"
+    (tmp_path / "c10" / "cifar-10-batches-py").mkdir(parents=True)
+    assert resolve_config(recipe, None, [("data_dir", str(tmp_path / "c10"))]).dataset == "cifar10"
+    # --set counts as the command line too
+    assert resolve_config(CONFIGS / "cifar10_tiny.yaml", "ssog", [("dataset", "synthetic")]).data_dir is None
+
+
+def test_dry_run_measures_and_projects_without_writing(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = dry_run(tiny_config(tmp_path / "never", epochs=5), steps=2)
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even the run folder
+    assert report["params"] > 0 and report["gflops_per_image"] > 0 and report["step_s"] > 0
+    assert report["steps_per_epoch"] == 4 and report["epochs"] == 5
+    assert report["schedule_s"] == pytest.approx(5 * report["epoch_s"])
+    assert report["fits_micro_batch"] == 16 and report["grad_accum_steps_needed"] is None
+    text = format_dry_run(report)
+    for line in ("parameters", "GFLOPs / image", "step time", "data loader", "peak memory", "per epoch",
+                 "whole schedule"):
+        assert line in text
+
+
+def test_dry_run_finds_the_micro_batch_that_fits(tiny_config, tmp_path, monkeypatch):
+    real = Trainer.forward_backward
+
+    def small_memory(self, images, targets, sync):
+        if len(images) > 4:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes")
+        return real(self, images, targets, sync)
+
+    monkeypatch.setattr(Trainer, "forward_backward", small_memory)
+    report = dry_run(tiny_config(tmp_path / "run"), steps=1)
+    assert report["fits_micro_batch"] == 4 and report["grad_accum_steps_needed"] == 4
+    assert "--set grad_accum_steps=4" in format_dry_run(report)
+
+
+def test_dry_run_of_a_recipe_without_its_data_measures_a_stand_in(tmp_path, monkeypatch, ssog_log):
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_config(CONFIGS / "cifar10_tiny.yaml", "ssog",
+                         [("data_dir", str(tmp_path / "absent")), ("batch_size", 8), ("num_workers", 0)])
+    cfg.dataset = "cifar10"  # a CIFAR recipe whose data is not here
+    report = dry_run(cfg, steps=1)
+    assert report["stand_in"] == "cifar10" and report["train_images"] == 45_000 and report["val_images"] == 5_000
+    assert report["steps_per_epoch"] == 45_000 // 8
+    assert "generated images" in ssog_log.text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_on_the_command_line(ssog_cli, run_child, tmp_path):
+    report = tmp_path / "report.json"
+    result = run_child(ssog_cli.command("train", "--dry-run", "1", "--dataset", "synthetic", "--epochs", "2",
+                                        "--dry-run-report", str(report)), timeout=300, cwd=tmp_path,
+                       env=ssog_cli.env())
+    assert result.returncode == 0, result.stderr
+    assert "whole schedule" in result.stdout and json.loads(report.read_text())["epochs"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
