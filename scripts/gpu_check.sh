@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh [--dry-run] [OUTPUT_DIR]      (default OUTPUT_DIR: runs/gpu_check)
 #
-# On a CUDA machine, in order, each phase under its own time limit (at most 7 min 35 s in all):
+# On a CUDA machine, in order, each phase under its own time limit (at most 9 min 25 s in all):
 #   1. operator:      ssog bench-op, fp16, every backend (auto, dense, separable, local, triton)
 #                     against SDPA (flash attention on CUDA fp16), grids 14-64, forward and
 #                     forward+backward; then the steered layer (mu+sigma) against MHA at 32x32, 48x48;
@@ -11,8 +11,13 @@
 #   2. sweep-infer:   the reduced paper sweep, D=768 (base), batch 8 and 64, 224-1024 px, inference
 #   3. sweep-train:   the same sweep, training steps (forward + backward + AdamW)
 #   4. nccl-smoke:    torchrun --nproc_per_node 1 -m ssog train for one short epoch (nccl process group)
+#   5. dry-run-*:     ssog train --dry-run of the CIFAR-100 224 px recipes at D=768 (bf16, batch 256,
+#                     discrete, looped, continuous): step time, images/s, loader, peak memory, and
+#                     the projected epoch and 500-epoch schedule
+#   6. infer-1024:    one 1024 px inference point per family and op (D=768, batch 8, fp16)
 # Results (CSV/JSON/Markdown/plots and one log per phase) go under OUTPUT_DIR; status.txt lists
-# each phase with its exit status (124: its time limit). A failed phase does not stop the
+# each phase with its exit status (124: its time limit); summary.md (scripts/gpu_report.py) sets
+# the dry runs and the 1024 px point beside the paper's claims. A failed phase does not stop the
 # others; the script exits non-zero if any failed.
 #
 # --dry-run runs the same phases on the CPU at tiny sizes (seconds; tested in CI).
@@ -29,6 +34,7 @@ for arg in "$@"; do
         *) output=$arg ;;
     esac
 done
+repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python}
 torchrun=${TORCHRUN:-torchrun}
 mkdir -p "$output"
@@ -42,7 +48,12 @@ if [ "$dry_run" = 1 ]; then
     sweep=(--size micro --families vit --resolutions 4 8 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
     smoke=(--dataset synthetic --set synthetic_size=8 --set synthetic_classes=2 --img-size 8 --epochs 1
            --batch-size 4 --device cpu --threads 1 --no-progress)
-    limits=(120 120 120 120 120 120)
+    recipes=(--config "$repo/configs/cifar10_tiny.yaml" --dataset synthetic --set synthetic_size=16 --batch-size 8
+             --device cpu --threads 1)
+    dry_run_steps=1
+    variants=(ssog ssog_loopvit ssog_odevit)
+    infer_1024=(--size micro --resolutions 16 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
+    limits=(120 120 120 120 120 120 120 120 120 120)
 else
     if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         echo "gpu_check.sh: no CUDA device here; use --dry-run for the CPU rehearsal" >&2
@@ -56,7 +67,12 @@ else
     sweep=(--preset paper --batch-sizes 8 64 --width-sizes --warmup 2 --iters 5 --device cuda --dtype fp16)
     smoke=(--model ssog_vit_small_patch16_224 --dataset synthetic --set synthetic_size=512 --img-size 224
            --epochs 1 --batch-size 64 --device cuda --no-progress)
-    limits=(70 40 55 110 130 50)
+    recipes=(--device cuda)
+    dry_run_steps=5
+    variants=(width_vit_ssog width_loopvit_ssog width_odevit_ssog)
+    infer_1024=(--size base --resolutions 1024 --batch-sizes 8 --width-sizes --warmup 3 --iters 10 --device cuda
+                --dtype fp16)
+    limits=(60 35 50 100 100 45 45 45 45 40)
 fi
 
 failed=0
@@ -80,7 +96,20 @@ phase operator-compile "${limits[2]}" "$python" -m ssog bench-op "${compiled[@]}
 phase sweep-inference "${limits[3]}" "$python" -m ssog bench "${sweep[@]}" --mode inference --output "$output/sweep_inference"
 phase sweep-train "${limits[4]}" "$python" -m ssog bench "${sweep[@]}" --mode train --output "$output/sweep_train"
 phase nccl-smoke "${limits[5]}" "$torchrun" --standalone --nproc_per_node 1 -m ssog train "${smoke[@]}" --output "$output/train_smoke"
+mkdir -p "$output/dry_run"
+for i in 0 1 2; do
+    variant=${variants[$i]}
+    if [ "$dry_run" = 1 ]; then
+        recipe=(--variant "$variant")
+    else
+        recipe=(--config "$repo/configs/width/$variant.yaml" --variant base)
+    fi
+    phase "dry-run-$variant" "${limits[$((6 + i))]}" "$python" -m ssog train --dry-run "$dry_run_steps" "${recipes[@]}" \
+        "${recipe[@]}" --dry-run-report "$output/dry_run/$variant.json"
+done
+phase infer-1024 "${limits[9]}" "$python" -m ssog bench "${infer_1024[@]}" --mode inference --output "$output/infer_1024"
+"$python" "$repo/scripts/gpu_report.py" "$output" > /dev/null || echo "   the summary (scripts/gpu_report.py) failed"
 
-echo "status per phase (0 = ok, 124 = time limit): $output/status.txt"
+echo "status per phase (0 = ok, 124 = time limit): $output/status.txt; summary: $output/summary.md"
 cat "$output/status.txt"
 exit "$failed"

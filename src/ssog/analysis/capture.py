@@ -14,6 +14,8 @@ from torch import Tensor, nn
 
 from ..layers import named_mixers
 
+__all__ = ["on_final_norm_input", "on_mixer_calls"]
+
 #: ``callback(module_name, module, x, grid_size)`` with the mixer's input ``x (B, T, D)``.
 MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int]], None]
 

@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from ..layers import SSoGAttention, named_mixers
 from ..ops import fixed_axis_kernels
 
+__all__ = ["kernel_maps", "kernel_statistics", "mixer_kernel_statistics", "ssog_modules"]
+
 
 def ssog_modules(model: nn.Module) -> list[tuple[str, SSoGAttention]]:
     """``(name, module)`` of every SSoG mixer (a shared one, looped or ODE, listed once)."""

@@ -31,6 +31,11 @@ from ..models.odevit import VectorField, timestep_embedding
 from ..ops import forced_backend
 from .capture import on_mixer_calls
 
+__all__ = [
+    "DEFAULT_SCALES", "field_lipschitz_bound", "GELU_LIPSCHITZ", "lipschitz_analysis", "local_lipschitz",
+    "mixer_lipschitz_bound", "mlp_lipschitz_bound", "spectral_norm",
+]
+
 #: Input scales of the empirical estimates (multiples of the model's own inputs).
 DEFAULT_SCALES: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 #: ``max_x |d/dx GELU(x)|``, reached at ``x = sqrt(2)``: ``Phi(sqrt 2) + sqrt(2) phi(sqrt 2)``.

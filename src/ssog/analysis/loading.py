@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 from ..runtime import resolve_device
 
+__all__ = ["AnalysisModel", "data_name", "image_batches", "iter_models", "load_model", "NOISE"]
+
 NOISE = "noise"
 
 

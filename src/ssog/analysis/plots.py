@@ -13,6 +13,8 @@ from torch import nn
 from ..files import save_figure
 from .kernels import kernel_maps, ssog_modules
 
+__all__ = ["plot_kernels", "plot_lipschitz", "TARGETS"]
+
 TARGETS = {"mixer": "token mixer (worst layer)", "field": "continuous vector field (worst step)"}
 
 

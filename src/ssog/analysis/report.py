@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+__all__ = ["kernels_table", "lipschitz_table", "sinks_table"]
+
 
 def _number(value: float | None, digits: int = 3) -> str:
     if value is None:

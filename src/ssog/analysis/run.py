@@ -20,6 +20,8 @@ from .loading import data_name, image_batches, iter_models
 from .plots import plot_kernels, plot_lipschitz
 from .sinks import sink_diagnostics
 
+__all__ = ["DTYPES", "OUTPUTS", "run_kernels", "run_lipschitz", "run_sinks"]
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 

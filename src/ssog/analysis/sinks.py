@@ -22,6 +22,11 @@ from torch import Tensor, nn
 
 from .capture import on_final_norm_input, on_mixer_calls
 
+__all__ = [
+    "high_norm_counts", "HIGH_NORM_FACTOR", "most_attended_keys", "prefix_mass", "residual_rollout",
+    "same_key_percent", "sink_diagnostics", "sink_scores", "SinkAccumulator",
+]
+
 #: A token is "high-norm" above this multiple of its image's median patch-token norm.
 HIGH_NORM_FACTOR = 3.0
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from timm.layers import (
-    PatchEmbed, get_device_dtype, resample_abs_pos_embed, resample_patch_embed, to_2tuple, trunc_normal_,
+    PatchEmbed, get_device_dtype, resample_abs_pos_embed, to_2tuple, trunc_normal_,
 )
 from timm.models._features import feature_take_indices
 from timm.models import checkpoint
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..layers import SSoGAttention, describe_initial_kernels, kernel_scale_for_grid, named_mixers, ssog_mixers
 from ._blocks import resolve_mixer_args
+from .weights import load_run_checkpoint
 
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
 #: ``(global_pool, class_token)`` of each operator when the caller gives neither. An SSoG
@@ -146,7 +147,7 @@ class ViTBase(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         # Run checkpoints (`model/<name>` keys) load through load_state_dict, hence through
         # timm.create_model(checkpoint_path=...) too.
-        self.register_load_state_dict_pre_hook(_load_run_checkpoint)
+        self.register_load_state_dict_pre_hook(load_run_checkpoint)
 
     # ------------------------------------------------------------------ construction helpers
     def _block_args(self) -> dict[str, Any]:
@@ -451,57 +452,3 @@ def _check_pool(global_pool: str, class_token: bool) -> None:
         raise ValueError(f"unknown global_pool {global_pool!r}: expected one of {GLOBAL_POOLS}")
     if global_pool == "token" and not class_token:
         raise ValueError("global_pool='token' needs class_token=True")
-
-
-#: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``):
-#: the checkpoint's ``"model"`` entry, its tensors' paths joined by ``/``. The one definition of
-#: that format, which :mod:`ssog.train.checkpoint` writes (models cannot import ssog.train, which
-#: builds them).
-CHECKPOINT_MODEL_PREFIX = "model/"
-
-
-def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module | None = None) -> dict[str, Tensor]:
-    """The model weights of an ssog run checkpoint (``RUN/best.safetensors``, ``last``) as a
-    plain state dict: its ``model/<name>`` entries without the prefix; the other entries
-    (optimizer, EMA, RNG states) are dropped. A plain state dict passes unchanged.
-    timm's ``pretrained_filter_fn`` (``pretrained_cfg_overlay=dict(file=...)``)."""
-    if not any(key.startswith(CHECKPOINT_MODEL_PREFIX) for key in state_dict):
-        return state_dict
-    return {
-        key[len(CHECKPOINT_MODEL_PREFIX):]: value for key, value in state_dict.items()
-        if key.startswith(CHECKPOINT_MODEL_PREFIX)
-    }
-
-
-def adapt_embeddings(state_dict: dict[str, Tensor], model: nn.Module) -> list[str]:
-    """Resample, in place, a state dict's position embedding (bicubic) and patch embedding
-    (PI-resize) to ``model``'s token grid and patch size, as timm's ViT ``checkpoint_filter_fn``
-    does for pretrained weights (timm's ``resample_abs_pos_embed`` / ``resample_patch_embed``);
-    works for timm's ViTs too. The checkpoint's grid is taken as square. Returns what changed."""
-    notes = []
-    target = model.state_dict()
-    pos = state_dict.get("pos_embed")
-    if pos is not None and "pos_embed" in target and pos.shape != target["pos_embed"].shape:
-        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
-        state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
-                                                         num_prefix_tokens=prefix)
-        notes.append(f"position embedding resampled {tuple(pos.shape)} -> {tuple(state_dict['pos_embed'].shape)}")
-    key = "patch_embed.proj.weight"
-    weight = state_dict.get(key)
-    if weight is not None and key in target and weight.shape[-2:] != target[key].shape[-2:]:
-        state_dict[key] = resample_patch_embed(weight, list(target[key].shape[-2:]))
-        notes.append(f"patch embedding resized {tuple(weight.shape[-2:])} -> {tuple(target[key].shape[-2:])}")
-    return notes
-
-
-def _load_run_checkpoint(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args: Any) -> None:
-    """``load_state_dict`` pre-hook: read a whole run checkpoint as its model weights, and
-    weights of another input or patch size at this model's (:func:`adapt_embeddings`), so
-    ``timm.create_model(..., img_size=48, checkpoint_path=<32 px weights>)`` loads."""
-    if prefix != "":
-        return
-    if any(key.startswith(CHECKPOINT_MODEL_PREFIX) for key in state_dict):
-        weights = checkpoint_filter_fn(dict(state_dict))
-        state_dict.clear()
-        state_dict.update(weights)
-    adapt_embeddings(state_dict, module)

@@ -18,7 +18,7 @@ from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cf
 from torch import nn
 
 from ..image_statistics import CIFAR10_MEAN, CIFAR10_STD
-from ._base import checkpoint_filter_fn
+from .weights import checkpoint_filter_fn
 from ._blocks import OPS
 from ._names import MODEL_NAMES
 

@@ -10,6 +10,8 @@ from ._base import ViTBase
 from ._blocks import Block
 from ._registry import register_family
 
+__all__ = ["LoopViT"]
+
 
 class LoopViT(ViTBase):
     """Vision Transformer whose single block is applied ``num_loops`` times (weight sharing).

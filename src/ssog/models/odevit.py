@@ -30,6 +30,11 @@ from ._base import ViTBase
 from ._blocks import create_mixer
 from ._registry import register_family
 
+__all__ = [
+    "ADAPTIVE_SOLVERS", "FIELD_NORMS", "FIXED_SOLVERS", "NoFixedSteps", "OdeViT", "timestep_embedding",
+    "VectorField",
+]
+
 #: Fixed-step torchdiffeq solvers and their vector-field evaluations per step.
 FIXED_SOLVERS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
 #: Adaptive torchdiffeq solvers (step size from ``rtol``/``atol``).

@@ -11,6 +11,8 @@ from ._base import ViTBase
 from ._blocks import Block
 from ._registry import register_family
 
+__all__ = ["ViT"]
+
 logger = logging.getLogger(__name__)
 
 

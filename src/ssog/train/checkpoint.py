@@ -4,7 +4,7 @@ A checkpoint is a nested state (model and EMA weights, optimizer, scheduler, sca
 states, progress counters, the run's config) stored as a single ``.safetensors`` file:
 every tensor becomes one entry named by its path in the state (``model/blocks.0.mlp.fc1.weight``,
 ``optimizer/state/3/exp_avg``; :data:`MODEL_KEY` and :data:`SEPARATOR` follow
-:data:`ssog.models._base.CHECKPOINT_MODEL_PREFIX`, which reads them), and the rest of the
+:data:`ssog.models.weights.CHECKPOINT_MODEL_PREFIX`, which reads them), and the rest of the
 structure is JSON in the file's metadata. One file means one atomic ``os.replace``: a run killed while saving leaves the
 previous checkpoint intact, never a mix of two. Loading never unpickles anything.
 """
@@ -21,7 +21,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from ssog.files import replacing
-from ssog.models._base import CHECKPOINT_MODEL_PREFIX
+from ssog.models.weights import CHECKPOINT_MODEL_PREFIX
 
 __all__ = [
     "FORMAT", "MODEL_KEY", "SEPARATOR", "save_checkpoint", "save_checkpoints", "load_checkpoint",

@@ -14,7 +14,7 @@ from timm.models import load_state_dict as timm_load_state_dict
 from ssog.conversion import convert_state_dict
 from ssog.files import temporary_path
 from ssog.layers import ssog_mixers
-from ssog.models._base import adapt_embeddings
+from ssog.models.weights import adapt_embeddings
 from ssog.train.checkpoint import FORMAT, MODEL_KEY, check_state_dict, checkpoint_path, load_checkpoint
 from ssog.train.config import TIMM_INIT_PREFIX
 

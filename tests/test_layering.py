@@ -1,0 +1,78 @@
+"""The house rules of src/ssog (docs/architecture.md): imports go down the layers, no module
+imports another's private name, every public module says what it exports, no file grows
+past 500 lines."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ssog
+
+SRC = Path(ssog.__file__).parent
+MODULES = sorted(p for p in SRC.rglob("*.py"))
+#: What each subpackage may import from ssog besides itself and the shared modules.
+SHARED = {"runtime", "files", "logs", "image_statistics"}
+ALLOWED = {
+    "ops": set(),
+    "layers": {"ops"},
+    "models": {"layers", "ops"},
+    "data": set(),
+    "conversion": {"layers", "ops", "models"},
+}
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """``(absolute ssog module, imported names)`` of every ``from ... import`` of ``path``."""
+    package = _name(path) if path.name == "__init__.py" else _name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        if module == "ssog" or module.startswith("ssog."):
+            found.append((module, [alias.name for alias in node.names]))
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_name_crosses_modules(path):
+    own = _name(path)
+    for module, names in _imports(path):
+        private = [name for name in names if name.startswith("_") and not name.startswith("__")]
+        assert module == own or not private, f"{own} imports {private} from {module}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_go_down_the_layers(path):
+    own = _name(path).split(".")
+    subpackage = own[1] if len(own) > 1 else None
+    if subpackage not in ALLOWED:
+        return
+    for module, _ in _imports(path):
+        target = module.split(".")[1] if "." in module else None
+        assert target in (subpackage, None) or target in ALLOWED[subpackage] | SHARED, \
+            f"{'.'.join(own)} imports {module}: {subpackage} may import {sorted(ALLOWED[subpackage] | SHARED)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_files_stay_small_and_public_modules_declare_their_exports(path):
+    assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(SRC)} is over 500 lines: split it"
+    public = not any(part.startswith("_") for part in path.relative_to(SRC).with_suffix("").parts) \
+        or path.name == "__init__.py"
+    if public and path.parent.name != "cli" and path.name != "__main__.py":
+        tree = ast.parse(path.read_text())
+        names = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(target, ast.Name)}
+        assert "__all__" in names, f"{path.relative_to(SRC)} has no __all__"
