@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
+from support import run_history
 from ssog.cli import main
 from ssog.train import check_state_dict, load_checkpoint, save_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
@@ -136,10 +137,6 @@ def _metrics(history):
     return [{k: r[k] for k in METRICS} for r in history]
 
 
-def _history(run_dir):
-    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-
-
 def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch, tiny_config):
     """Mixup, drop-path and EMA all draw random numbers: a resume must restore every stream."""
     options = dict(epochs=3, augment="strong", drop_path=0.1, ema_decay=0.9, checkpoint_every=3)
@@ -160,7 +157,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch, ti
     assert (info["progress"]["epoch"], info["progress"]["step_in_epoch"]) == (1, 2)
 
     resumed = train(resume=tmp_path / "run")
-    assert _metrics(_history(tmp_path / "run")) == _metrics(_history(tmp_path / "ref"))
+    assert _metrics(run_history(tmp_path / "run")) == _metrics(run_history(tmp_path / "ref"))
     for key in ("acc1", "acc3", "acc5", "loss", "ema_acc1", "ema_loss", "train_loss", "steps", "params"):
         assert resumed[key] == reference[key], key
 
@@ -215,5 +212,5 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, tiny_config, ssog_cli, capsys):
     reference = train(tiny_config(tmp_path / "ref", **options))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert step == reference["steps"] == summary["steps"]
-    assert _metrics(_history(tmp_path / "run")) == _metrics(_history(tmp_path / "ref"))
+    assert _metrics(run_history(tmp_path / "run")) == _metrics(run_history(tmp_path / "ref"))
     assert [p.name for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")] == []

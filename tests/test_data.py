@@ -6,22 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
+from support import image_tree
 from ssog.data import (
     AUGMENTATIONS, ArrayDataset, EpochSampler, ShardSampler, TransformedDataset, build_datasets,
     build_loader, build_transform, stratified_split,
 )
-
-
-def _image_tree(root, splits=("train", "val"), classes=("cat", "dog"), per_class=3, size=12):
-    rng = np.random.default_rng(0)
-    for split in splits:
-        for name in classes:
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(per_class):
-                pixels = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(folder / f"{i}.png")
-    return root
 
 
 # ---------------------------------------------------------------- digits (embedded default)
@@ -64,12 +53,12 @@ def test_array_dataset_checks_its_input():
 
 # ---------------------------------------------------------------- folders and CIFAR: errors
 def test_imagefolder_with_train_and_val(tmp_path):
-    train, val, info = build_datasets("imagefolder", str(_image_tree(tmp_path)))
+    train, val, info = build_datasets("imagefolder", str(image_tree(tmp_path)))
     assert (len(train), len(val), info.num_classes, info.classes) == (6, 6, 2, ("cat", "dog"))
 
 
 def test_imagefolder_val_split_from_train(tmp_path):
-    root = _image_tree(tmp_path, splits=("train",), per_class=5)
+    root = image_tree(tmp_path, splits=("train",), per_class=5)
     train, val, _ = build_datasets("imagefolder", str(root), val_split=4, split_seed=0)
     assert (len(train), len(val)) == (6, 4)
     assert Counter(val.dataset.targets[i] for i in val.indices) == {0: 2, 1: 2}
@@ -83,13 +72,13 @@ def test_imagefolder_missing_folder_says_what_is_expected(tmp_path):
 
 
 def test_imagefolder_wrong_split_names(tmp_path):
-    root = _image_tree(tmp_path, splits=("training", "validation"))
+    root = image_tree(tmp_path, splits=("training", "validation"))
     with pytest.raises(ValueError, match=r"no 'train' folder \(found folders: \['training', 'validation'\]\)"):
         build_datasets("imagefolder", str(root))
 
 
 def test_imagefolder_without_val_needs_val_split(tmp_path):
-    root = _image_tree(tmp_path, splits=("train",))
+    root = image_tree(tmp_path, splits=("train",))
     with pytest.raises(ValueError, match="no 'val' folder.*val_split"):
         build_datasets("imagefolder", str(root))
 
@@ -109,8 +98,8 @@ def test_imagefolder_class_folders_without_images(tmp_path):
 
 
 def test_imagefolder_val_classes_must_match(tmp_path):
-    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog"))
-    _image_tree(tmp_path, splits=("val",), classes=("cat", "cow"))
+    image_tree(tmp_path, splits=("train",), classes=("cat", "dog"))
+    image_tree(tmp_path, splits=("val",), classes=("cat", "cow"))
     with pytest.raises(ValueError, match="differ"):
         build_datasets("imagefolder", str(tmp_path))
 
@@ -203,7 +192,7 @@ def test_alpha_and_palette_images_keep_their_colours(tmp_path, recwarn):
 def test_hidden_entries_symlink_loops_and_unread_files(tmp_path, caplog):
     import os
 
-    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
+    image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
     train = tmp_path / "train"
     (train / ".ipynb_checkpoints").mkdir()  # not a class
     Image.new("RGB", (12, 12)).save(train / ".ipynb_checkpoints" / "x.png")
@@ -233,7 +222,7 @@ def test_hidden_entries_symlink_loops_and_unread_files(tmp_path, caplog):
 
 
 def test_a_class_left_empty_by_skip_bad_images_is_an_error(tmp_path):
-    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
+    image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=2)
     for image in (tmp_path / "train" / "dog").iterdir():
         image.write_bytes(b"\x89PNG\r\n\x1a\n cut")
     with pytest.raises(ValueError, match=r"class folder\(s\) dog of \S+train has no readable image left after "
@@ -242,8 +231,8 @@ def test_a_class_left_empty_by_skip_bad_images_is_an_error(tmp_path):
 
 
 def test_differing_class_folders_are_named(tmp_path):
-    _image_tree(tmp_path, splits=("train",), classes=("cat", "dog", "owl"))
-    _image_tree(tmp_path, splits=("val",), classes=("cat", "cow", "dog"))
+    image_tree(tmp_path, splits=("train",), classes=("cat", "dog", "owl"))
+    image_tree(tmp_path, splits=("val",), classes=("cat", "cow", "dog"))
     with pytest.raises(ValueError, match=r"the class folders of \S+val differ from those of \S+train \(missing: owl; "
                                          r"extra: cow\)"):
         build_datasets("imagefolder", str(tmp_path))

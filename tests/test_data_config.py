@@ -4,10 +4,9 @@ checkpoint, the trained model's pretrained_cfg and the ONNX metadata."""
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
+from support import image_tree
 from ssog.data.data_config import resolve_data_config
 from ssog.image_statistics import CIFAR10_MEAN, CIFAR10_STD
 from ssog.export import missing_export_packages
@@ -18,17 +17,6 @@ from ssog.train.transfer import model_from_checkpoint
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TINY_PRESET = "ssog_vit_tiny_patch4_32"
-
-
-def _image_tree(root, size=12):
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for name in ("cat", "dog"):
-            (root / split / name).mkdir(parents=True)
-            for i in range(4):
-                pixels = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(root / split / name / f"{i}.png")
-    return root
 
 
 def test_model_pretrained_cfg_gives_what_the_run_leaves_unset():
@@ -52,7 +40,8 @@ def test_model_pretrained_cfg_gives_what_the_run_leaves_unset():
 def test_imagefolder_trains_at_the_models_size_and_statistics(tmp_path):
     """The issue's case: a 32 px model on an ImageFolder tree trained at 224 px with ImageNet
     statistics and crop 0.875; it now takes the model's 32 px, CIFAR-10 statistics, crop 1."""
-    cfg = TrainConfig(model=TINY_PRESET, dataset="imagefolder", data_dir=str(_image_tree(tmp_path)), batch_size=4)
+    cfg = TrainConfig(model=TINY_PRESET, dataset="imagefolder", data_dir=str(image_tree(tmp_path, per_class=4)),
+                      batch_size=4)
     data = build_data(cfg, init_distributed("cpu"))
     assert data.img_size == 32 and data.data_config["mean"] == CIFAR10_MEAN
     assert data.data_config["crop_pct"] == 1.0 and data.data_config["std"] == CIFAR10_STD

@@ -11,14 +11,11 @@ import sys
 
 import pytest
 
+from support import run_history
 from ssog.train import train
 from ssog.train.checkpoint import read_checkpoint_info
 
 TOLERANCE = 1e-4
-
-
-def _history(run_dir):
-    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.timeout(300)
@@ -35,7 +32,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_config, ssog_cli, r
 
     assert double["world_size"] == 2 and double["steps"] == single["steps"] == 8
     assert result.stdout.count("done:") == 1  # rank 0 alone reports
-    for one, two in zip(_history(tmp_path / "one"), _history(tmp_path / "two"), strict=True):
+    for one, two in zip(run_history(tmp_path / "one"), run_history(tmp_path / "two"), strict=True):
         for key in ("train_loss", "val_loss"):
             assert two[key] == pytest.approx(one[key], rel=TOLERANCE), (one["epoch"], key)
         assert abs(two["acc1"] - one["acc1"]) <= 100 / 16  # at most one of 16 validation images

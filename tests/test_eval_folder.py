@@ -1,29 +1,19 @@
 """``ssog eval --data-dir DIR`` on a folder of class folders (or DIR/val), for an ImageFolder run."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from PIL import Image
 
+from support import image_tree
 from ssog.cli import main
 from ssog.train import evaluate_checkpoint
 from ssog.train.builders import build_model
 from ssog.train.checkpoint import save_checkpoint
 
 
-def _class_folders(root, classes=("cat", "dog"), per_class=3):
-    rng = np.random.default_rng(0)
-    for name in classes:
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
-    return root
-
-
 @pytest.fixture
 def imagefolder_run(tmp_path, tiny_config):
     """A run trained on DIR/train with val_split (its checkpoint, without training it)."""
-    _class_folders(tmp_path / "data" / "train", per_class=4)
+    image_tree(tmp_path / "data" / "train", splits=("",), size=8, per_class=4)
     cfg = tiny_config(tmp_path / "run", dataset="imagefolder", data_dir=str(tmp_path / "data"), val_split=2,
                       batch_size=4)
     model = build_model(cfg, 2, 3, 8)
@@ -33,7 +23,7 @@ def imagefolder_run(tmp_path, tiny_config):
 
 
 def test_a_folder_of_class_folders_is_evaluated_whole(tmp_path, imagefolder_run):
-    folder = _class_folders(tmp_path / "photos", per_class=5)
+    folder = image_tree(tmp_path / "photos", splits=("",), size=8, per_class=5)
     result = evaluate_checkpoint(imagefolder_run, data={"data_dir": str(folder)}, progress=False,
                                  device="cpu", per_class=True)
     assert result["samples"] == 10  # every image: no train folder needed, val_split not applied
@@ -42,8 +32,8 @@ def test_a_folder_of_class_folders_is_evaluated_whole(tmp_path, imagefolder_run)
 
 
 def test_a_val_folder_beside_train_is_what_is_evaluated(tmp_path, imagefolder_run):
-    _class_folders(tmp_path / "other" / "train", per_class=4)
-    _class_folders(tmp_path / "other" / "val", per_class=3)
+    image_tree(tmp_path / "other" / "train", splits=("",), size=8, per_class=4)
+    image_tree(tmp_path / "other" / "val", splits=("",), size=8, per_class=3)
     result = evaluate_checkpoint(imagefolder_run, data={"data_dir": str(tmp_path / "other")}, progress=False,
                                  device="cpu")
     assert result["samples"] == 6
@@ -54,14 +44,14 @@ def test_the_run_own_data_still_uses_its_val_split(imagefolder_run):
 
 
 def test_other_class_names_are_a_clear_error(tmp_path, imagefolder_run, capsys):
-    folder = _class_folders(tmp_path / "pets", classes=("cat", "fox"))
+    folder = image_tree(tmp_path / "pets", splits=("",), size=8, classes=("cat", "fox"))
     assert main(["eval", "--checkpoint", str(imagefolder_run), "--data-dir", str(folder), "--device", "cpu"]) == 2
     error = capsys.readouterr().err
     assert "not the classes the run" in error and "fox" in error and "dog" in error
 
 
 def test_cli_per_class_table(tmp_path, imagefolder_run, capsys):
-    folder = _class_folders(tmp_path / "photos")
+    folder = image_tree(tmp_path / "photos", splits=("",), size=8)
     assert main(["eval", "--checkpoint", str(imagefolder_run), "--data-dir", str(folder), "--device", "cpu",
                  "--per-class"]) == 0
     out = capsys.readouterr().out
@@ -84,14 +74,15 @@ def test_a_run_stores_its_data_folder_resolved_and_eval_says_which_it_reads(tmp_
     from ssog.train import train
 
     project = tmp_path / "project"
-    _class_folders(project / "data" / "train", per_class=4)
+    image_tree(project / "data" / "train", splits=("",), size=8, per_class=4)
     monkeypatch.chdir(project)
     train(tiny_config("runs/a", dataset="imagefolder", data_dir="data", val_split=2, batch_size=4, epochs=1))
     config = yaml.safe_load((project / "runs" / "a" / "config.yaml").read_text())
     assert config["data_dir"] == str(project / "data")
 
     elsewhere = tmp_path / "elsewhere"
-    _class_folders(elsewhere / "data" / "train", classes=("cat", "dog"), per_class=9)  # same name, other images
+    # same name, other images
+    image_tree(elsewhere / "data" / "train", splits=("",), size=8, classes=("cat", "dog"), per_class=9)
     monkeypatch.chdir(elsewhere)
     assert main(["eval", "--checkpoint", str(project / "runs" / "a"), "--device", "cpu"]) == 0
     assert f"on imagefolder val from {project / 'data'} (2 images" in capsys.readouterr().out
@@ -103,7 +94,7 @@ def test_an_older_runs_relative_data_folder_is_read_where_that_run_started(tmp_p
     state = load_checkpoint(imagefolder_run)
     state["config"].update(data_dir="data", output="run")  # written from tmp_path before paths were stored resolved
     save_checkpoint(imagefolder_run, state)
-    _class_folders(tmp_path / "cwd" / "data" / "train", per_class=30)
+    image_tree(tmp_path / "cwd" / "data" / "train", splits=("",), size=8, per_class=30)
     monkeypatch.chdir(tmp_path / "cwd")
     result = evaluate_checkpoint(imagefolder_run, progress=False, device="cpu")
     assert (result["data_dir"], result["samples"]) == (str(tmp_path / "data"), 2)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from support import image_tree, run_history
 from ssog.cli import main
 from ssog.train import load_checkpoint, save_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
@@ -32,15 +33,6 @@ def _image_bytes(seed: int, fmt: str) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, fmt)
     return buffer.getvalue()
-
-
-def _image_folder(root, classes=("a", "b"), per_class=4):
-    for split in ("train", "val"):
-        for c, name in enumerate(classes):
-            (root / split / name).mkdir(parents=True)
-            for i in range(per_class):
-                (root / split / name / f"{i}.png").write_bytes(_image_bytes(100 * c + i, "PNG"))
-    return root
 
 
 def _tiny_args(tiny_config, output) -> list[str]:
@@ -107,7 +99,7 @@ def test_eval_refuses_bad_sizes(args, message, tmp_path, capsys):
 
 # ---------------------------------------------------------------- data
 def test_imagefolder_needs_two_classes(tmp_path, monkeypatch, capsys, tiny_config):
-    data = _image_folder(tmp_path / "data", classes=("only",))
+    data = image_tree(tmp_path / "data", classes=("only",), per_class=4, size=8)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--data-dir", str(data), *_tiny_args(tiny_config, tmp_path / "run")]) == 2
     assert "has 1 class folder (only); classification needs at least 2 classes" in _error_line(capsys)
@@ -115,7 +107,7 @@ def test_imagefolder_needs_two_classes(tmp_path, monkeypatch, capsys, tiny_confi
 
 
 def test_bad_images_are_refused_by_path_or_skipped_with_a_warning(tmp_path, monkeypatch, capsys, tiny_config):
-    data = _image_folder(tmp_path / "data")
+    data = image_tree(tmp_path / "data", classes=("a", "b"), per_class=4, size=8)
     truncated = data / "train" / "a" / "cut.jpg"
     truncated.write_bytes(_image_bytes(7, "JPEG")[:-20])  # cut inside the scan data
     garbage = data / "val" / "b" / "garbage.png"
@@ -303,10 +295,6 @@ def test_checkpoints_get_the_permissions_of_the_other_run_files(tmp_path, tiny_c
 
 
 # ---------------------------------------------------------------- resources: one line, resumable
-def _history_epochs(run) -> list[int]:
-    return [json.loads(line)["epoch"] for line in (run / "log.jsonl").read_text().splitlines()]
-
-
 def test_a_full_disk_stops_in_one_line_and_the_run_resumes(tmp_path, monkeypatch, capsys, tiny_config):
     import errno
 
@@ -329,7 +317,7 @@ def test_a_full_disk_stops_in_one_line_and_the_run_resumes(tmp_path, monkeypatch
                      rf"--resume {run}$", line), line
     for name in ("last.safetensors", "best.safetensors"):
         assert read_checkpoint_info(run / name)["progress"]["epoch"] == 1
-    assert _history_epochs(run) == [1]
+    assert [row['epoch'] for row in run_history(run)] == [1]
     assert not [p for p in run.iterdir() if "ssog-tmp" in p.name]
     monkeypatch.undo()
 
@@ -345,7 +333,7 @@ def test_a_full_disk_stops_in_one_line_and_the_run_resumes(tmp_path, monkeypatch
     assert not (run / ".ssog-run.lock").exists()
     monkeypatch.undo()
     assert main(["train", "--resume", str(run)]) == 0
-    assert _history_epochs(run) == [1, 2]
+    assert [row['epoch'] for row in run_history(run)] == [1, 2]
 
 
 def test_out_of_memory_stops_in_one_line_and_the_resumed_run_matches(tmp_path, monkeypatch, capsys, tiny_config):

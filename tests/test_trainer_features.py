@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support import run_history
 from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train import api as api_module
 from ssog.train import engine as engine_module
@@ -23,12 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = ("train_loss", "val_loss", "acc1", "acc3", "acc5", "lr", "step", "grad_norm")
 
 
-def _history(run):
-    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-
-
 def _metrics(run):
-    return [{k: r[k] for k in METRICS} for r in _history(run)]
+    return [{k: r[k] for k in METRICS} for r in run_history(run)]
 
 
 def test_grad_accumulation_takes_the_same_steps_as_one_batch(tmp_path, tiny_config):
@@ -77,15 +74,15 @@ def test_layer_decay_scales_the_lr_per_group(tmp_path, tiny_config):
     groups = load_checkpoint(tmp_path / "run" / "last.safetensors", only=("optimizer",))["optimizer"]["param_groups"]
     scales = sorted({group["lr_scale"] for group in groups})
     assert scales == [0.5 ** k for k in (3, 2, 1, 0)]  # stem, 2 blocks, head (timm's group_matcher order)
-    assert _history(tmp_path / "run")[0]["lr"] == max(group["lr"] for group in groups)
+    assert run_history(tmp_path / "run")[0]["lr"] == max(group["lr"] for group in groups)
 
 
 def test_timm_schedules(tmp_path, monkeypatch, tiny_config):
     options = dict(epochs=2, warmup_epochs=0, lr=1e-2)
     train(tiny_config(tmp_path / "step", sched="step", decay_epochs=1, decay_rate=0.5, **options))
-    assert [r["lr"] for r in _history(tmp_path / "step")] == pytest.approx([5e-3, 2.5e-3])
+    assert [r["lr"] for r in run_history(tmp_path / "step")] == pytest.approx([5e-3, 2.5e-3])
     train(tiny_config(tmp_path / "multi", sched="multistep", decay_milestones=[1], decay_rate=0.1, **options))
-    assert [r["lr"] for r in _history(tmp_path / "multi")] == pytest.approx([1e-3, 1e-3])
+    assert [r["lr"] for r in run_history(tmp_path / "multi")] == pytest.approx([1e-3, 1e-3])
     # plateau: stepped at epoch ends on validation Acc@1; patience 0 decays after an epoch without
     # gain, here every epoch after the first (the same Acc@1 each time); an improving loss does not count
     losses = iter([3.0, 2.0, 1.0])
@@ -93,15 +90,15 @@ def test_timm_schedules(tmp_path, monkeypatch, tiny_config):
                         lambda *args, **kwargs: {"loss": next(losses), "acc1": 50.0, "acc3": 70.0, "acc5": 90.0})
     train(tiny_config(tmp_path / "plateau", sched="plateau", patience_epochs=0, decay_rate=0.5,
                       **{**options, "epochs": 3}))
-    assert [r["lr"] for r in _history(tmp_path / "plateau")] == pytest.approx([1e-2, 1e-2, 5e-3])
+    assert [r["lr"] for r in run_history(tmp_path / "plateau")] == pytest.approx([1e-2, 1e-2, 5e-3])
     losses = iter([3.0, 2.0])  # plateau_mode min watches the validation loss, which improves every epoch
     train(tiny_config(tmp_path / "plateau_min", sched="plateau", patience_epochs=0, decay_rate=0.5,
                       sched_kwargs={"plateau_mode": "min"}, **options))
-    assert [r["lr"] for r in _history(tmp_path / "plateau_min")] == pytest.approx([1e-2] * 2)
+    assert [r["lr"] for r in run_history(tmp_path / "plateau_min")] == pytest.approx([1e-2] * 2)
     monkeypatch.undo()
     # cooldown epochs are trained after `epochs`, at min_lr
     summary = train(tiny_config(tmp_path / "cool", cooldown_epochs=1, **{**options, "epochs": 1}))
-    assert summary["epochs"] == 2 and _history(tmp_path / "cool")[1]["lr"] == pytest.approx(1e-5)
+    assert summary["epochs"] == 2 and run_history(tmp_path / "cool")[1]["lr"] == pytest.approx(1e-5)
     with pytest.raises(ValueError, match="sched must be one of"):
         tiny_config(tmp_path / "x", sched="linear")
     with pytest.raises(ValueError, match="sched_kwargs .* unexpected keyword"):
