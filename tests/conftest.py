@@ -25,6 +25,18 @@ TINY_MODEL = "ssog_vit_micro_patch1_8"
 TINY_KWARGS = {"embed_dim": 16, "num_heads": 2, "depth": 2, "patch_size": 2, "global_pool": "token"}
 
 
+#: Fixtures that start a child process (``python -m ssog``, torchrun): their tests are marked
+#: ``subprocess`` and ``slow`` (a child imports torch: seconds before it does anything).
+CHILD_FIXTURES = {"run_child", "ssog_cli"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if CHILD_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.subprocess)
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread() -> None:
     """Torch runs on one thread in the tests: their tensors are tiny, and a second thread only
