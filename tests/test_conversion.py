@@ -82,9 +82,6 @@ def test_init_from_timm_builds_the_converted_model():
         build_model(bad, num_classes=4, in_chans=3, img_size=32)
 
 
-#: The layout of the MHA sources (class token, class-token pooling), which the SSoG ViT warns about.
-CLASS_TOKEN_LAYOUT = pytest.mark.filterwarnings("ignore:an SSoG ViT pooled by its class token")
-
 
 def _timm_vit_weights(path):
     """A small random timm ViT (class token, 16 patches of 8 px) and its plain weights file."""
@@ -103,14 +100,14 @@ def _ssog_vit(**layout):
                              num_classes=5, **layout).eval()
 
 
-@CLASS_TOKEN_LAYOUT
 def test_init_from_attention_weights_converts_them_as_convert_does(tmp_path, ssog_log):
     from ssog.train import init_from_checkpoint
 
     vit = _timm_vit_weights(tmp_path / "vit.safetensors")
     model = _ssog_vit(class_token=True, global_pool="token")
     init_from_checkpoint(model, tmp_path / "vit.safetensors", keep_head=True)
-    assert "attention converted to SSoG (6 kernel tensors at their initialisation)" in ssog_log.messages[0]
+    [note] = [r.getMessage() for r in ssog_log.records if r.name == "ssog.train.transfer"]
+    assert "attention converted to SSoG (6 kernel tensors at their initialisation)" in note
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), ssog.convert(vit)(x), rtol=0, atol=1e-6)
@@ -119,7 +116,6 @@ def test_init_from_attention_weights_converts_them_as_convert_does(tmp_path, sso
         init_from_checkpoint(_ssog_vit(), tmp_path / "vit.safetensors")
 
 
-@CLASS_TOKEN_LAYOUT
 def test_cli_fine_tunes_an_ssog_model_from_an_mha_run(tmp_path, capsys, tiny_config):
     from ssog.cli import main
     from ssog.train import train

@@ -30,9 +30,10 @@ RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if "_base" not in p.parts)
 #: The classes of each recipe data source, for the generated stand-in (an ImageFolder recipe
 #: is ImageNet's layout in configs/imagenet, CIFAR-10's in the CPU recipes).
 CLASSES = {"cifar10": 10, "cifar100": 100}
-#: Two optimizer steps of two images, an evaluation of two, no loader processes, on the CPU.
+#: Two optimizer steps of two images, an evaluation of two, no loader processes, on the CPU
+#: with every core (the other tests' tensors are tiny and take one thread; these are not).
 TIER = dict(dataset="synthetic", synthetic_size=4, batch_size=2, grad_accum_steps=1, max_steps=2, epochs=1,
-            num_workers=0, device="cpu", threads=None, progress=False, log_every=0)
+            num_workers=0, device="cpu", threads=len(os.sched_getaffinity(0)), progress=False, log_every=0)
 
 
 def pipeline_key(cfg: TrainConfig) -> tuple[Any, ...]:

@@ -50,11 +50,12 @@ def digits_datasets(val_split: float | int | None, seed: int) -> tuple[Dataset, 
 
 def synthetic_datasets(size: int, num_classes: int, img_size: int, seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
     """Random RGB images with a class-dependent colour offset, so that a model can learn them:
-    ``size`` training images and ``max(size // 4, min(num_classes, size))`` validation ones, of
-    classes ``0, 1, ...`` in turn (fewer images than classes leave the later classes out: a
-    generated stand-in of a recipe's shape, e.g. 4 images of CIFAR-100's 100 classes at 224 px)."""
+    ``size`` training images and ``max(size // 4, min(num_classes, size // 2), 1)`` validation
+    ones (one per class from ``2 * num_classes`` images up), of classes ``0, 1, ...`` in turn;
+    fewer images than classes leave the later classes out: a generated stand-in of a recipe's
+    shape, e.g. 4 images of CIFAR-100's 100 classes at 224 px, validated on 2."""
     rng = np.random.default_rng(seed)
-    n_val = max(size // 4, min(num_classes, size))
+    n_val = max(size // 4, min(num_classes, size // 2), 1)
     targets = np.arange(size + n_val) % num_classes
     offsets = rng.uniform(-60, 60, size=(num_classes, 1, 1, 3))
     noise = rng.normal(127.5, 40.0, size=(size + n_val, img_size, img_size, 3))
