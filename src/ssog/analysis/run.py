@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -16,7 +16,7 @@ from ..files import clear_results, write_atomic
 from ..runtime import check_plotting
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
-from .loading import data_name, image_batches, iter_models
+from .loading import AnalysisModel, data_name, image_batches, iter_models
 from .plots import plot_kernels, plot_lipschitz
 from .sinks import sink_diagnostics
 
@@ -38,12 +38,32 @@ def _write_json(results: Any, path: Path) -> Path:
     return write_atomic(path, json.dumps(results, indent=2))
 
 
-def _prepare(output: str | Path | None, analysis: str, overwrite: bool) -> None:
-    """Before any work: refuse an earlier run's results in ``output`` unless ``overwrite``
-    (then they are removed), and a matplotlib that cannot import."""
+def _for_each_model(
+    analysis: str,
+    analyse: Callable[[int, AnalysisModel], dict[str, Any]],
+    models: Sequence[str],
+    checkpoints: Sequence[str | Path],
+    *,
+    ema: bool,
+    seed: int,
+    device: str,
+    output: str | Path | None,
+    overwrite: bool,
+) -> list[dict[str, Any]]:
+    """``analyse(index, loaded)`` for each model of :func:`iter_models` in turn; the results
+    are written to ``output/<analysis>.json`` when ``output`` is set.
+
+    Before any work, with ``output``: an earlier run's results there are refused unless
+    ``overwrite`` (then they are removed), and so is a matplotlib that cannot import.
+    """
     if output is not None:
         check_plotting()
         clear_results(output, OUTPUTS[analysis], overwrite=overwrite, what=f"ssog analyze {analysis}")
+    loaded_models = iter_models(models, checkpoints, ema=ema, seed=seed, device=device)
+    results = [analyse(index, loaded) for index, loaded in enumerate(loaded_models)]
+    if output is not None:
+        _write_json(results, Path(output) / f"{analysis}.json")
+    return results
 
 
 def run_sinks(
@@ -62,16 +82,14 @@ def run_sinks(
 ) -> list[dict[str, Any]]:
     """Table 5 for every model; written to ``output/sinks.json`` when ``output`` is set (an
     earlier one there is refused unless ``overwrite``)."""
-    _prepare(output, "sinks", overwrite)
-    results = []
-    for loaded in iter_models(models, checkpoints, ema=ema, seed=seed, device=device):
+
+    def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
         batches = image_batches(loaded, data, data_dir=data_dir, num_images=num_images,
                                 batch_size=batch_size, seed=seed)
-        results.append({**loaded.describe(), "data": data_name(loaded, data),
-                        **sink_diagnostics(loaded.model, batches)})
-    if output is not None:
-        _write_json(results, Path(output) / "sinks.json")
-    return results
+        return {**loaded.describe(), "data": data_name(loaded, data), **sink_diagnostics(loaded.model, batches)}
+
+    return _for_each_model("sinks", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
+                           output=output, overwrite=overwrite)
 
 
 def run_lipschitz(
@@ -94,16 +112,17 @@ def run_lipschitz(
     (earlier ones there are refused unless ``overwrite``)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    _prepare(output, "lipschitz", overwrite)
-    results = []
-    for loaded in iter_models(models, checkpoints, ema=ema, seed=seed, device=device):
+
+    def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
         images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
         analysis = lipschitz_analysis(loaded.model, images, scales, iters, DTYPES[dtype], seed)
         identity = loaded.describe()
         label = f"{identity['model']} ({'random' if loaded.config is None else 'trained'})"
-        results.append({**identity, "label": label, "data": data_name(loaded, data), "dtype": dtype, **analysis})
+        return {**identity, "label": label, "data": data_name(loaded, data), "dtype": dtype, **analysis}
+
+    results = _for_each_model("lipschitz", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
+                              output=output, overwrite=overwrite)
     if output is not None:
-        _write_json(results, Path(output) / "lipschitz.json")
         plot_lipschitz(results, Path(output) / "lipschitz.png")
     return results
 
@@ -120,16 +139,15 @@ def run_kernels(
 ) -> list[dict[str, Any]]:
     """Kernel statistics for every model; ``output/kernels.json`` and one
     ``kernels_<i>_<model>.png`` per model (earlier ones there are refused unless ``overwrite``)."""
-    _prepare(output, "kernels", overwrite)
-    results = []
-    for index, loaded in enumerate(iter_models(models, checkpoints, ema=ema, seed=seed, device=device)):
+
+    def analyse(index: int, loaded: AnalysisModel) -> dict[str, Any]:
         result = {**loaded.describe(), "kernels": kernel_statistics(loaded.model)}
         if output is not None:
             stem = re.sub(r"[^A-Za-z0-9_.-]", "_", loaded.name)
             figure = plot_kernels(loaded.model, Path(output) / f"kernels_{index}_{stem}.png",
                                   title=f"{loaded.name} ({loaded.source})")
             result["figure"] = str(figure)
-        results.append(result)
-    if output is not None:
-        _write_json(results, Path(output) / "kernels.json")
-    return results
+        return result
+
+    return _for_each_model("kernels", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
+                           output=output, overwrite=overwrite)

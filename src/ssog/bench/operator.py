@@ -50,6 +50,24 @@ BASELINE = "sdpa"
 COMPILABLE = ("auto", "dense", "separable")
 
 
+def _check_backends(backends: Sequence[str]) -> None:
+    """Refuse a backend name that is not one of :data:`ssog.ops.BACKEND_NAMES`."""
+    unknown = sorted(set(backends) - set(BACKEND_NAMES))
+    if unknown:
+        raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKEND_NAMES)}")
+
+
+def _check_sizes(config: OperatorConfig | SteeredLayerConfig, counts: Sequence[str]) -> None:
+    """Refuse a benchmark config whose fields ``counts`` are below 1, whose ``grids`` (sides in
+    tokens) are empty or not positive, or whose ``device`` is missing (a one-line error)."""
+    for name in counts:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+    if not config.grids or min(config.grids) < 1:
+        raise ValueError(f"grids must be positive grid sides, got {list(config.grids)}")
+    resolve_device(config.device)
+
+
 @dataclass
 class OperatorConfig:
     grids: Sequence[int] = (14, 16, 24, 32, 48, 64)
@@ -67,20 +85,13 @@ class OperatorConfig:
     compiled: Sequence[str] = ()  # also timed under torch.compile: some of COMPILABLE
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.backends) - set(BACKEND_NAMES))
-        if unknown:
-            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKEND_NAMES)}")
+        _check_backends(self.backends)
         not_compilable = sorted(set(self.compiled) - set(COMPILABLE))
         if not_compilable:
             raise ValueError(f"cannot time {not_compilable} under torch.compile; expected some of "
                              f"{', '.join(COMPILABLE)}")
         resolve_dtype(self.dtype)
-        for name in ("batch", "heads", "head_dim", "atoms", "rounds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.grids or min(self.grids) < 1:
-            raise ValueError(f"grids must be positive grid sides, got {list(self.grids)}")
-        resolve_device(self.device)  # a missing CUDA device: one line
+        _check_sizes(self, ("batch", "heads", "head_dim", "atoms", "rounds"))
 
 
 def unavailable_backends(config: OperatorConfig) -> dict[str, str]:
@@ -348,15 +359,8 @@ class SteeredLayerConfig:
     warmup: int = 2
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.backends) - set(BACKEND_NAMES))
-        if unknown:
-            raise ValueError(f"unknown backends {unknown}; expected some of {', '.join(BACKEND_NAMES)}")
-        for name in ("batch", "dim", "heads", "atoms", "rounds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.grids or min(self.grids) < 1:
-            raise ValueError(f"grids must be positive grid sides, got {list(self.grids)}")
-        resolve_device(self.device)  # a missing CUDA device: one line
+        _check_backends(self.backends)
+        _check_sizes(self, ("batch", "dim", "heads", "atoms", "rounds"))
 
 
 def run_steered_layer_benchmark(

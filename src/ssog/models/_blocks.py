@@ -1,4 +1,4 @@
-"""Pieces shared by the three families: token-mixer factory and the pre-norm block."""
+"""Pieces shared by the three families: the token-mixer and MLP factories and the pre-norm block."""
 from __future__ import annotations
 
 import inspect
@@ -76,6 +76,19 @@ def create_mixer(
     raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
 
 
+def create_mlp(
+    dim: int,
+    mlp_ratio: float,
+    *,
+    proj_drop: float = 0.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Mlp:
+    """The MLP of a block: ``(..., dim) -> (..., dim)`` through ``int(dim * mlp_ratio)``
+    GELU units, dropout ``proj_drop``; its parameters on ``device`` in ``dtype``."""
+    return Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, device=device, dtype=dtype)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block, as timm's ``vision_transformer.Block``.
 
@@ -107,7 +120,7 @@ class Block(nn.Module):
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **dd)
+        self.mlp = create_mlp(dim, mlp_ratio, proj_drop=proj_drop, **dd)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:

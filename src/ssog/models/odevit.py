@@ -20,14 +20,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 from timm.models._features import feature_take_indices
 from torchdiffeq import odeint, odeint_adjoint
 from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from ..layers import CenterNorm
 from ._base import ViTBase
-from ._blocks import create_mixer
+from ._blocks import create_mixer, create_mlp
 from ._registry import register_family
 
 __all__ = [
@@ -115,7 +115,7 @@ class VectorField(nn.Module):
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
             proj_drop=proj_drop, ssog_args=ssog_args, **dd,
         )
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **dd)
+        self.mlp = create_mlp(dim, mlp_ratio, proj_drop=proj_drop, **dd)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, **dd))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.grid_size: tuple[int, int] | None = None
