@@ -117,10 +117,11 @@ def test_the_tier_covers_every_recipe_and_distinct_variant():
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[_id(r) for r in RUNS])
-def test_recipe_runs_at_its_real_size(run, tier_folder, monkeypatch):
+def test_recipe_runs_at_its_real_size(run, tier_folder, monkeypatch, record_property):
     monkeypatch.chdir(tier_folder)
     cfg, summary = tier_run(*run)
     assert summary["steps"] == 2 and summary["epochs"] == 1
+    record_property("step_s", summary["train_time_s"] / summary["steps"])  # for docs/training.md's table
     folder = Path(cfg.output)
     assert (folder / "last.safetensors").is_file() and (folder / "summary.json").is_file()
     if str(folder / "best.safetensors") not in SOURCES:
