@@ -141,8 +141,16 @@ def test_cifar_damaged_or_not_downloadable_is_named(tmp_path, monkeypatch):
 def test_stratified_split_names_the_sizes_it_needs(val_split, message):
     with pytest.raises(ValueError, match=rf"val_split {val_split} \(--val-split\) {message}"):
         stratified_split([0, 1, 2, 3] * 10, val_split, seed=0)
-    with pytest.raises(ValueError, match="at least 2 images of every class, and 1 of the 3 classes have only 1"):
+    with pytest.raises(ValueError, match="at least 2 images of every class, and 1 of the 3 classes have only 1: "
+                                         "class 2$"):
         stratified_split([0, 0, 1, 1, 2], 2, seed=0)
+
+
+def test_a_class_of_one_image_is_named(tmp_path):
+    image_tree(tmp_path, splits=("train",), classes=("cat", "dog"), per_class=3)
+    image_tree(tmp_path, splits=("train",), classes=("owl",), per_class=1)
+    with pytest.raises(ValueError, match="1 of the 3 classes have only 1: owl$"):
+        build_datasets("imagefolder", str(tmp_path), val_split=2)
 
 
 # ---------------------------------------------------------------- image modes: what the user sees

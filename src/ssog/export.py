@@ -17,7 +17,12 @@ from torch import nn
 
 from .files import refuse_existing, replacing
 
-__all__ = ["EXPORT_PACKAGES", "export_onnx", "missing_export_packages", "verify_onnx"]
+__all__ = ["EXPORT_PACKAGES", "ExportMismatch", "export_onnx", "missing_export_packages", "verify_onnx"]
+
+
+class ExportMismatch(RuntimeError):
+    """The exported file does not compute the model: onnxruntime's output differs from eager
+    PyTorch by more than the tolerance (the file is not written)."""
 
 #: What ``torch.onnx.export(dynamo=True)`` and the check need (the ``export`` extra).
 EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -81,7 +86,7 @@ def export_onnx(
             verified = verify_onnx(model, tmp, check, atol=atol)
         except RuntimeError as error:
             kept = "the earlier file is kept" if path.exists() else "nothing was written"
-            raise RuntimeError(f"{path}: {error}; {kept}") from None
+            raise ExportMismatch(f"{path}: {error}; {kept}") from None
     return {"path": str(path), "input_size": list(input_size), "metadata": metadata, **verified}
 
 
@@ -115,5 +120,5 @@ def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: 
         expected = model(images)
     diff = float((torch.from_numpy(output) - expected).abs().max())
     if not diff <= atol:
-        raise RuntimeError(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g})")
+        raise ExportMismatch(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g})")
     return {"verified_batch_size": images.shape[0], "max_abs_diff": diff, "output_shape": list(output.shape)}

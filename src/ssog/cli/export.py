@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from .info import check_num_classes
 
@@ -38,10 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_num_classes(args.num_classes)
+    if args.checkpoint and args.num_classes is not None:
+        raise ValueError("--num-classes sets the classifier of a --model; a run's checkpoint keeps the classes it "
+                         "trained on: leave --num-classes out")
+    if not (math.isfinite(args.atol) and args.atol >= 0):
+        raise ValueError(f"--atol must be a finite number >= 0 (the largest accepted |onnxruntime - PyTorch|), "
+                         f"got {args.atol}")
     if args.format == "hf":
         return _run_hf(args)
     from ssog.data.data_config import model_data_config
-    from ssog.export import export_onnx, missing_export_packages
+    from ssog.export import ExportMismatch, export_onnx, missing_export_packages
     from ssog.files import refuse_existing
 
     if not args.overwrite:
@@ -64,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
     # A model without patches (a timm CNN run) is exported at the input size it trained at.
     input_size = (model.in_chans, *patch_embed.img_size) if patch_embed is not None else \
         tuple(model_data_config(model)["input_size"])
-    result = export_onnx(model, args.output, input_size, batch_size=args.batch_size, atol=args.atol,
-                         overwrite=args.overwrite)
+    try:
+        result = export_onnx(model, args.output, input_size, batch_size=args.batch_size, atol=args.atol,
+                             overwrite=args.overwrite)
+    except ExportMismatch as error:  # the file was not written: one line, as for bad input
+        raise ValueError(f"the export does not compute the model: {error}") from None
     if args.json:
         print(json.dumps({"source": name, **result}, indent=2))
     else:

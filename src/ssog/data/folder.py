@@ -14,7 +14,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ssog.data.images import load_image, readable_extensions, unreadable_images
-from ssog.data.info import SOURCE_STATISTICS, DatasetInfo, split_dataset
+from ssog.data.info import SOURCE_STATISTICS, DatasetInfo, shown_names, split_dataset
 
 __all__ = [
     "IMAGEFOLDER_LAYOUT", "SPLIT_FOLDERS", "FolderScan", "scan_image_folder", "ImageFiles", "split_folder",
@@ -167,13 +167,8 @@ def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequ
     counts = np.bincount([target for _, target in samples], minlength=len(classes))
     empty = [classes[i] for i in np.flatnonzero(counts == 0)]
     if empty:
-        raise ValueError(f"class folder(s) {_shown(empty)} of {path} {what}; add images or remove the folder(s); "
+        raise ValueError(f"class folder(s) {shown_names(empty)} of {path} {what}; add images or remove the folder(s); "
                          f"expected {IMAGEFOLDER_LAYOUT}")
-
-
-def _shown(names: Sequence[str], limit: int = 5) -> str:
-    """The first ``limit`` of ``names``, and how many there are in all when that is more."""
-    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 #: Names of an ImageFolder's split folders, in the order they are looked for.
@@ -236,7 +231,7 @@ def class_difference(expected: Sequence[str], found: Sequence[str]) -> str:
     extra = sorted(set(found) - set(expected))
     if not missing and not extra:
         return "the same names in another order"
-    return f"missing: {_shown(missing) or 'none'}; extra: {_shown(extra) or 'none'}"
+    return f"missing: {shown_names(missing) or 'none'}; extra: {shown_names(extra) or 'none'}"
 
 
 def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, Subset
 from ssog.image_statistics import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 
 __all__ = [
-    "DATASETS", "SOURCE_STATISTICS", "DATA_EXTRA", "DatasetInfo", "timm_source_info", "stratified_split",
+    "DATASETS", "SOURCE_STATISTICS", "DATA_EXTRA", "DatasetInfo", "timm_source_info", "shown_names", "stratified_split",
     "split_dataset", "dataset_targets", "training_subset",
 ]
 
@@ -68,12 +68,18 @@ def timm_source_info(name: str, classes: Sequence[str], in_chans: int, native_si
                        crop_pct=1.0, classes=tuple(classes))
 
 
+def shown_names(names: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``names``, and how many there are in all when that is more."""
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
 def stratified_split(
-    targets: Sequence[int], val_split: float | int, seed: int
+    targets: Sequence[int], val_split: float | int, seed: int, class_names: Sequence[str] | None = None
 ) -> tuple[list[int], list[int]]:
     """Seeded stratified split of ``range(len(targets))`` into (train, val) index lists.
 
-    ``val_split`` is a fraction in (0, 1) or a number of validation samples.
+    ``val_split`` is a fraction in (0, 1) or a number of validation samples; ``class_names``
+    (by class index) name the classes an error is about.
     """
     n = len(targets)
     valid = (isinstance(val_split, float) and 0.0 < val_split < 1.0) or (
@@ -85,11 +91,13 @@ def stratified_split(
             f"got {val_split!r}"
         )
     counts = np.bincount(np.asarray(targets))
-    counts = counts[counts > 0]
-    classes = len(counts)
-    if counts.min() < 2:
+    classes = int((counts > 0).sum())
+    single = [int(label) for label in np.flatnonzero(counts == 1)]
+    if single:
+        names = [str(class_names[label]) if class_names is not None and label < len(class_names) else
+                 f"class {label}" for label in single]
         raise ValueError(f"val_split (--val-split): a stratified split needs at least 2 images of every class, and "
-                         f"{int((counts < 2).sum())} of the {classes} classes have only 1")
+                         f"{len(single)} of the {classes} classes have only 1: {shown_names(names)}")
     # scikit-learn's sizes: ceil(fraction * n) held out; each side needs one image per class.
     held_out = math.ceil(val_split * n) if isinstance(val_split, float) else val_split
     if not classes <= held_out <= n - classes:
@@ -112,8 +120,9 @@ def _stratified_indices(targets: Sequence[int], test_size: float | int, seed: in
 
 def split_dataset(dataset: Dataset, targets: Sequence[int], val_split: float | int,
                   seed: int) -> tuple[Subset, Subset]:
-    """``dataset`` as (train, val) subsets by :func:`stratified_split` of its ``targets``."""
-    train_idx, val_idx = stratified_split(targets, val_split, seed)
+    """``dataset`` as (train, val) subsets by :func:`stratified_split` of its ``targets``
+    (an error names the classes by the dataset's ``classes`` where it has them)."""
+    train_idx, val_idx = stratified_split(targets, val_split, seed, getattr(dataset, "classes", None))
     return Subset(dataset, train_idx), Subset(dataset, val_idx)
 
 

@@ -1,0 +1,35 @@
+"""ssog export refuses what it cannot honour, in one line: --num-classes for a run, an --atol
+that is no tolerance, and a file that does not compute the model (nothing written)."""
+import pytest
+
+from ssog.cli import main
+from ssog.export import ExportMismatch
+from ssog.models import create_model
+from ssog.train import save_checkpoint
+
+
+@pytest.mark.parametrize("atol", ["-1", "nan", "inf"])
+def test_atol_must_be_a_tolerance(atol, tmp_path, capsys):
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(tmp_path / "m.onnx"),
+                 "--atol", atol]) == 2
+    assert "--atol must be a finite number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_num_classes_is_refused_for_a_run(tmp_path, capsys):
+    checkpoint = save_checkpoint(tmp_path / "run" / "best.safetensors", {
+        "kind": "best", "model": create_model("ssog_vit_micro_patch1_8", num_classes=3).state_dict()})
+    assert main(["export", "--checkpoint", str(checkpoint), "--num-classes", "5",
+                 "--output", str(tmp_path / "m.onnx")]) == 2
+    assert "a run's checkpoint keeps the classes it trained on" in capsys.readouterr().err
+
+
+def test_an_export_that_does_not_match_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    def differs(*args, **kwargs):
+        raise ExportMismatch("onnxruntime's output differs from eager PyTorch by 1 (> 0.0001)")
+
+    monkeypatch.setattr("ssog.export.verify_onnx", differs)
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not compute the model" in err and "nothing was written" in err
+    assert list(tmp_path.iterdir()) == []
