@@ -98,3 +98,10 @@ def test_an_older_runs_relative_data_folder_is_read_where_that_run_started(tmp_p
     monkeypatch.chdir(tmp_path / "cwd")
     result = evaluate_checkpoint(imagefolder_run, progress=False, device="cpu")
     assert (result["data_dir"], result["samples"]) == (str(tmp_path / "data"), 2)
+
+
+def test_a_dataset_named_for_evaluation_beats_the_runs_folder(imagefolder_run):
+    """--dataset on the command line wins over the run's data source, as in training."""
+    result = evaluate_checkpoint(imagefolder_run, data={"dataset": "synthetic", "synthetic_classes": 2},
+                                 progress=False, device="cpu")
+    assert result["dataset"] == "synthetic" and result["data_dir"] is None

@@ -24,8 +24,8 @@ import yaml
 from ssog.data.data_config import INTERPOLATIONS
 
 __all__ = [
-    "TrainConfig", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config", "parse_override",
-    "upgrade_checkpoint_config",
+    "TrainConfig", "data_source_from_overrides", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config",
+    "parse_override", "upgrade_checkpoint_config",
 ]
 
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
@@ -374,7 +374,7 @@ def resolve_config(
     for key, value in overrides:
         head, _, rest = key.partition(".")
         values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
-    values = _data_source_from_overrides(recipe_values, values, {key.partition(".")[0] for key, _ in overrides})
+    values = data_source_from_overrides(recipe_values, values, {key.partition(".")[0] for key, _ in overrides})
     if recipe is not None and values.get("output") is None:
         # A fixed place per recipe and variant, so that recipes can name each other's
         # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
@@ -382,8 +382,8 @@ def resolve_config(
     return TrainConfig.from_dict(values)
 
 
-def _data_source_from_overrides(recipe: dict[str, Any], values: dict[str, Any],
-                                 overridden: set[str]) -> dict[str, Any]:
+def data_source_from_overrides(recipe: dict[str, Any], values: dict[str, Any],
+                               overridden: set[str]) -> dict[str, Any]:
     """The data source of ``values`` when the command line names a dataset or a data folder: it
     beats the recipe's, so that ``--dataset synthetic`` tries a recipe before its data is
     downloaded. A dataset given without a folder drops the recipe's folder (and its download

@@ -12,7 +12,7 @@ from ssog.layers import ssog_mixers
 from ssog.runtime import is_out_of_memory, torch_settings
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
-from ssog.train.config import TrainConfig, upgrade_checkpoint_config
+from ssog.train.config import TrainConfig, data_source_from_overrides, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.logger import progress_bar
 from ssog.train.metrics import evaluate
@@ -60,7 +60,8 @@ def evaluate_checkpoint(
     config = read_checkpoint_info(path).get("config")
     if config is None:
         raise ValueError(f"{path} holds weights only; ssog eval needs a checkpoint written by ssog train")
-    values = dict(config, **(data or {}))
+    # A dataset named here beats the run's data source, as on the training command line.
+    values = data_source_from_overrides(config, dict(config, **(data or {})), set(data or {}))
     if values.get("data_dir") is not None:
         given = (data or {}).get("data_dir") is not None
         values["data_dir"] = str(Path(values["data_dir"]).expanduser().resolve() if given else
