@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from collections import Counter
 
@@ -347,6 +348,15 @@ def test_cli_bench_writes_results_and_plots(tmp_path, capsys):
         path.unlink()
     assert main(["bench", "--plot", str(tmp_path / "results.json")]) == 0
     assert (tmp_path / "fig5_scaling.pdf").is_file()
+
+
+def test_size_governs_the_whole_sweep(tmp_path):
+    """--size micro alone measures micro models only: not the preset's width sweep (ViT-S, M)."""
+    assert main(["bench", "--size", "micro", "--families", "vit", "--ops", "ssog", "--resolutions", "8",
+                 "--batch-sizes", "1", "--warmup", "1", "--iters", "1", "--device", "cpu", "--no-plots",
+                 "--output", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {row["size"] for row in rows} == {"micro"}
 
 
 @pytest.mark.parametrize(

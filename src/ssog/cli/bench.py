@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--resolutions", nargs="+", type=int, metavar="PX", help="image sides in pixels")
     parser.add_argument("--batch-sizes", nargs="+", type=int, metavar="B")
     parser.add_argument("--width-sizes", nargs="*", metavar="SIZE",
-                        help="widths of Fig. 1, measured at the largest resolution (none: the option alone)")
+                        help="widths of Fig. 1, measured at the largest resolution (none: the option alone; "
+                             "with --size and without this option: none)")
     parser.add_argument("--width-batch-size", type=int, metavar="B", help="batch size of the width sweep")
     parser.add_argument("--warmup", type=int, help="untimed iterations per point")
     parser.add_argument("--iters", type=int, help="timed iterations per point")
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     overrides = {key: getattr(args, key) for key in _OVERRIDES if getattr(args, key) is not None}
+    if "size" in overrides and "width_sizes" not in overrides:
+        # --size chooses the models of the whole sweep: the preset's width sweep (Fig. 1, other
+        # widths) would build models the user did not ask for; --width-sizes adds it back.
+        overrides["width_sizes"] = ()
     config = replace(PRESETS[args.preset], **{
         key: tuple(value) if isinstance(value, list) else value for key, value in overrides.items()
     })
