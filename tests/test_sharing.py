@@ -34,6 +34,8 @@ def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
     assert f"local-dir:{out}" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert out.stat().st_mode & 0o777 == 0o755  # a folder others can read, as the files in it
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {"config.json": 0o644,
+                                                                        "model.safetensors": 0o644}
     assert not [p for p in tmp_path.iterdir() if "ssog-tmp" in p.name]
     config = json.loads((out / "config.json").read_text())
     data_config = load_checkpoint(run / "best.safetensors", only=("data_config",))["data_config"]

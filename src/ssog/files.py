@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 __all__ = [
-    "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary", "refuse_existing", "replacing",
-    "save_figure", "temporary_path", "write_atomic",
+    "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary", "new_file_mode", "refuse_existing",
+    "replacing", "save_figure", "temporary_path", "write_atomic",
 ]
 
 #: Part of the name of every temporary file ``ssog`` writes (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``);
@@ -67,6 +67,12 @@ def temporary_path(path: str | Path) -> Path:
     path = Path(path)
     # The suffix is kept so that writers that pick a format by extension (matplotlib) still can.
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_MARK}{path.suffix}")
+
+
+def new_file_mode() -> int:
+    """The permissions the umask gives a new file (``0o666 & ~umask``): what files written
+    through a temporary get, rather than the temporary's own (``mkstemp`` and safetensors make 0600)."""
+    return 0o666 & ~_umask()
 
 
 def _umask() -> int:
@@ -128,7 +134,7 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     current = None  # the path being written when an error comes
     try:
         yield temporaries
-        mode = 0o666 & ~_umask()
+        mode = new_file_mode()
         for path, tmp in zip(paths, temporaries):
             current = path
             _fsync(tmp)

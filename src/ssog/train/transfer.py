@@ -12,7 +12,7 @@ import torch
 from timm.models import load_state_dict as timm_load_state_dict
 
 from ssog.conversion import convert_state_dict
-from ssog.files import temporary_path
+from ssog.files import new_file_mode, temporary_path
 from ssog.layers import ssog_mixers
 from ssog.models.weights import adapt_embeddings
 from ssog.train.checkpoint import FORMAT, MODEL_KEY, check_state_dict, checkpoint_path, load_checkpoint
@@ -230,6 +230,8 @@ def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
     try:
         timm_save_for_hf(model, tmp, model_config={"label_names": labels} if labels else None,
                          safe_serialization=True)
+        for file in tmp.iterdir():  # safetensors writes 0600: give every file what the umask allows
+            os.chmod(file, new_file_mode())
         os.replace(tmp, directory)  # replaces an empty folder too
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
