@@ -170,6 +170,11 @@ def test_per_step_logging_wandb_ids_and_progress_lines(tmp_path, monkeypatch, ti
     train(resume=tmp_path / "b" / "base", resume_changes={"epochs": 2})
     assert wandb.inits[2]["id"] == second["id"] and wandb.inits[2]["resume"] == "must"
     assert FakeWriter.instances[-1].purge_step == 4 + 1  # events past the checkpoint's step are dropped
+    # and with --no-progress (no bar at all), on a terminal too
+    ssog_log.clear()
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    train(tiny_config(tmp_path / "c" / "base", **{**options, "progress": False, "epochs": 1}))
+    assert len(re.findall(r"epoch 1/1 step \d/4 \(step \d\): loss", ssog_log.text)) == 2
 
 
 def test_environment_json_records_versions_commit_and_resumes(tmp_path, tiny_config):

@@ -297,7 +297,8 @@ class Trainer:
 
     def _log_step(self) -> None:
         """Every ``log_every`` steps: the window's mean training loss (this process's), the lr and
-        the throughput to TensorBoard / W&B, and a line when stderr is not a terminal."""
+        the throughput to TensorBoard / W&B, and a line (information) unless a progress bar on a
+        terminal shows them."""
         cfg = self.cfg
         if not (cfg.log_every and self.global_step % cfg.log_every == 0 and self.main):
             return
@@ -307,7 +308,7 @@ class Trainer:
                    "train/images_per_s": count * self.ctx.world_size / elapsed if elapsed > 0 else 0.0}
         self.run_log.log_step(self.global_step, scalars)
         self.window = (0.0, 0, time.perf_counter())
-        if cfg.progress and not sys.stderr.isatty():
+        if not (cfg.progress and sys.stderr.isatty()):  # no progress bar shows it: a batch job's log
             logger.info(f"epoch {self.progress.epoch + 1}/{self.num_epochs} step {self.progress.step_in_epoch}/"
                         f"{self.steps_per_epoch} (step {self.global_step}): loss {scalars['train/loss']:.4f}, "
                         f"lr {scalars['train/lr']:.3g}, {scalars['train/images_per_s']:.1f} images/s")
