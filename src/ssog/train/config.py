@@ -375,11 +375,30 @@ def resolve_config(
         head, _, rest = key.partition(".")
         values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
     values = data_source_from_overrides(recipe_values, values, {key.partition(".")[0] for key, _ in overrides})
+    init_from = values.get("init_from")
+    if init_from and not str(init_from).startswith(TIMM_INIT_PREFIX) and "model" not in values:
+        values = _merge(_source_architecture(str(init_from)), values)
     if recipe is not None and values.get("output") is None:
         # A fixed place per recipe and variant, so that recipes can name each other's
         # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
         values["output"] = str(Path("runs") / Path(recipe).stem / (variant or "run"))
     return TrainConfig.from_dict(values)
+
+
+def _source_architecture(init_from: str) -> dict[str, Any]:
+    """``model`` and ``model_kwargs`` of the run (or checkpoint) ``init_from`` names: a run started
+    from it without a model of its own continues that architecture."""
+    from ssog.train.checkpoint import checkpoint_path, read_checkpoint_info
+
+    try:
+        config = read_checkpoint_info(checkpoint_path(init_from, "best")).get("config") or {}
+    except (OSError, ValueError) as error:
+        raise ValueError(f"init_from {init_from}: cannot read the model it was trained as ({error}); "
+                         "name the model with --model") from None
+    if "model" not in config:
+        raise ValueError(f"init_from {init_from} holds weights only, without the model they belong to; "
+                         "name it with --model")
+    return {"model": config["model"], "model_kwargs": dict(config.get("model_kwargs") or {})}
 
 
 def data_source_from_overrides(recipe: dict[str, Any], values: dict[str, Any],
