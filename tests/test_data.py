@@ -1,5 +1,6 @@
 """Data sources, augmentation levels, restart-safe samplers, and errors for bad data folders."""
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -314,3 +315,25 @@ def test_loader_batches_do_not_depend_on_workers():
         batches.append([x for x, _ in loader])
     assert len(batches[0]) == 2
     assert all(torch.equal(a, b) for a, b in zip(*batches))
+
+
+def test_a_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
+    from urllib.error import URLError
+
+    from torchvision.datasets import CIFAR100
+
+    def half_download(self):
+        (Path(self.root) / "cifar-100-python.tar.gz").write_bytes(b"partial")
+        raise URLError("no network")
+
+    monkeypatch.setattr(CIFAR100, "download", half_download)
+    root = tmp_path / "data" / "cifar100"
+    with pytest.raises(OSError, match="could not download cifar100"):
+        build_datasets("cifar100", str(root), download=True)
+    assert list(tmp_path.iterdir()) == []  # neither the archive nor the folders the run made
+    # a folder that was there keeps what it held
+    root.mkdir(parents=True)
+    (root / "mine.txt").write_text("the user's")
+    with pytest.raises(OSError, match="could not download cifar100"):
+        build_datasets("cifar100", str(root), download=True)
+    assert [p.name for p in root.iterdir()] == ["mine.txt"]

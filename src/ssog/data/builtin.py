@@ -3,8 +3,11 @@ and synthetic images, each as ``(train, val, info)`` of ``(PIL image, class inde
 """
 from __future__ import annotations
 
+import os
+import shutil
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from PIL import Image
@@ -78,8 +81,9 @@ def cifar_datasets(name: str, root: str | None, download: bool, val_split: float
     if Path(root).is_file():
         raise NotADirectoryError(f"data folder {root} is a file, not a folder; expected a folder holding {folder}/")
     try:
-        train = cls(root, train=True, download=download)
-        test = None if val_split is not None else cls(root, train=False, download=download)
+        with _undone_on_failure(Path(root)) if download else nullcontext():
+            train = cls(root, train=True, download=download)
+            test = None if val_split is not None else cls(root, train=False, download=download)
     except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
         if (Path(root) / folder).is_dir():
             raise ValueError(_cifar_damage(cls, name, Path(root) / folder)) from error
@@ -98,6 +102,25 @@ def cifar_datasets(name: str, root: str | None, download: bool, val_split: float
     if test is None:
         train, test = split_dataset(train, train.targets, val_split, seed)
     return train, test, info
+
+
+@contextmanager
+def _undone_on_failure(root: Path) -> Iterator[None]:
+    """A download into ``root`` that fails leaves nothing behind: what it created there (a
+    partial archive, a half-extracted folder), and ``root`` and its parents where it created
+    them, are removed; what was there before is never touched."""
+    created = [folder for folder in (root, *root.parents) if not folder.exists()]
+    before = set(os.listdir(root)) if root.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        for name in (set(os.listdir(root)) - before) if root.is_dir() else ():
+            path = root / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        for folder in created:  # the innermost first; rmdir leaves a folder someone filled meanwhile
+            with suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def _cifar_damage(cls: type, name: str, folder: Path) -> str:
