@@ -95,15 +95,3 @@ def test_dry_run_on_the_command_line(ssog_cli, run_child, tmp_path):
     assert "whole schedule" in result.stdout and json.loads(report.read_text())["epochs"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
-
-def test_init_from_a_run_without_a_model_takes_the_runs_architecture(tiny_config, tmp_path):
-    train(tiny_config(tmp_path / "source", epochs=1))
-    cfg = resolve_config(None, None, [("init_from", str(tmp_path / "source")), ("dataset", "synthetic"),
-                                      ("img_size", 8)])
-    source = tiny_config(tmp_path / "source")
-    assert (cfg.model, cfg.model_kwargs) == (source.model, source.model_kwargs)
-    with pytest.raises(ValueError, match="init_from .*nowhere: cannot read the model it was trained as"):
-        resolve_config(None, None, [("init_from", str(tmp_path / "nowhere"))])
-    # a model named with it is kept
-    assert resolve_config(None, None, [("init_from", str(tmp_path / "source")),
-                                       ("model", "ssog_vit_digits_patch2_8")]).model == "ssog_vit_digits_patch2_8"

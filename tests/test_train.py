@@ -275,3 +275,29 @@ def test_img_size_goes_to_the_models_that_take_it():
 
     assert takes_img_size("vit_tiny_patch16_224") and takes_img_size("ssog_vit_tiny_patch4_32")
     assert not takes_img_size("resnet18") and not takes_img_size("test_resnet")
+
+
+def test_init_from_a_run_without_a_model_takes_the_runs_architecture(tiny_config, tmp_path):
+    train(tiny_config(tmp_path / "source", epochs=1))
+    cfg = resolve_config(None, None, [("init_from", str(tmp_path / "source")), ("dataset", "synthetic"),
+                                      ("img_size", 8)])
+    source = tiny_config(tmp_path / "source")
+    assert (cfg.model, cfg.model_kwargs) == (source.model, source.model_kwargs)
+    with pytest.raises(ValueError, match="init_from .*nowhere: cannot read the model it was trained as"):
+        resolve_config(None, None, [("init_from", str(tmp_path / "nowhere"))])
+    # a model named with it is kept
+    assert resolve_config(None, None, [("init_from", str(tmp_path / "source")),
+                                       ("model", "ssog_vit_digits_patch2_8")]).model == "ssog_vit_digits_patch2_8"
+
+
+def test_a_refused_resume_does_not_say_it_resumed(tiny_config, tmp_path, ssog_log):
+    from ssog.files import FolderLock
+
+    train(tiny_config(tmp_path / "run", epochs=1))
+    ssog_log.clear()
+    with FolderLock(tmp_path / "run", "training run"):  # another process's run holds the folder
+        with pytest.raises(ValueError):
+            train(resume=tmp_path / "run", resume_changes={"epochs": 2})
+    assert "resumed at" not in ssog_log.text
+    train(resume=tmp_path / "run", resume_changes={"epochs": 2})
+    assert "resumed at epoch 2, step 4" in ssog_log.text

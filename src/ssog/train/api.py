@@ -133,6 +133,9 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
             if ctx.is_main:
                 lock = claim_run_folder(output, cfg.to_dict(), resuming=state is not None, overwrite=cfg.overwrite)
                 record_environment(output, resumed=state is not None)
+                # said once the folder is this run's: a resume refused by another's lock resumed nothing
+                if state is not None:
+                    notes.append(f"resumed at epoch {trainer.progress.epoch + 1}, step {trainer.global_step}")
                 for note in ([lock.note] if lock.note else []) + notes:
                     logger.info(note)
             return trainer.run()

@@ -251,7 +251,6 @@ class Trainer:
             self._info(f"resuming on {self.ctx.world_size} processes from a run on {state['world_size']}: "
                        "the random streams (mixup, drop-path) restart, so results will not match an "
                        "uninterrupted run exactly")
-        self._info(f"resumed at epoch {progress.epoch + 1}, step {self.global_step}")
 
     # ------------------------------------------------------------------ loop
     def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, sync: bool) -> float:
