@@ -183,10 +183,10 @@ def dry_run(cfg: TrainConfig, steps: int = 3) -> dict[str, Any]:
         threads = torch.get_num_threads() if ctx.device.type == "cpu" else None
     step_s = statistics.median(times)
     batch = trainer.data.local_batch
-    loader_step_s = batch / loader_rate if loader_rate == loader_rate else 0.0
+    loader_step_s = 0.0 if math.isnan(loader_rate) else batch / loader_rate
     # Loader workers prepare the next batches while the model steps; without workers they alternate.
     step_with_data = max(step_s, loader_step_s) if cfg.num_workers else step_s + loader_step_s
-    steps_per_epoch = data["train_images"] // batch
+    steps_per_epoch = trainer.steps_per_epoch if data["stand_in"] is None else data["train_images"] // batch
     val_images = data["val_images"]
     eval_s = val_images * eval_per_image * (2 if trainer.ema is not None else 1)
     epoch_s = steps_per_epoch * step_with_data + eval_s
