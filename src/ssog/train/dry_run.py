@@ -69,12 +69,15 @@ def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]
 
 def _time_loader(trainer: Trainer, micro_batches: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], float]:
     """``micro_batches`` batches of the training loader (started again as often as needed) and
-    its images per second, the first batch (worker start-up) left out of the rate."""
+    its images per second, the first batch (worker start-up) left out of the rate. Its worker
+    processes are stopped before returning: prefetching on, they would share the cores with the
+    model steps timed next."""
     batches: list[tuple[torch.Tensor, torch.Tensor]] = []
     images, start, epoch = 0, 0.0, 0
     while len(batches) < micro_batches:
         trainer.data.start_epoch(epoch)
-        for batch in trainer.data.train_loader:
+        epoch_batches = iter(trainer.data.train_loader)
+        for batch in epoch_batches:
             batches.append(batch)
             if len(batches) == 1:
                 start = time.perf_counter()
@@ -82,6 +85,7 @@ def _time_loader(trainer: Trainer, micro_batches: int) -> tuple[list[tuple[torch
                 images += len(batch[0])
             if len(batches) == micro_batches:
                 break
+        del epoch_batches  # shuts the workers down
         epoch += 1
     elapsed = time.perf_counter() - start
     return batches, images / elapsed if images and elapsed > 0 else math.nan
@@ -184,8 +188,10 @@ def dry_run(cfg: TrainConfig, steps: int = 3) -> dict[str, Any]:
     step_s = statistics.median(times)
     batch = trainer.data.local_batch
     loader_step_s = 0.0 if math.isnan(loader_rate) else batch / loader_rate
-    # Loader workers prepare the next batches while the model steps; without workers they alternate.
-    step_with_data = max(step_s, loader_step_s) if cfg.num_workers else step_s + loader_step_s
+    # On a GPU, loader workers prepare the next batches while the model steps; on a CPU they
+    # share its cores (and without workers, loading and steps alternate).
+    overlapped = cfg.num_workers and ctx.device.type == "cuda"
+    step_with_data = max(step_s, loader_step_s) if overlapped else step_s + loader_step_s
     steps_per_epoch = trainer.steps_per_epoch if data["stand_in"] is None else data["train_images"] // batch
     val_images = data["val_images"]
     eval_s = val_images * eval_per_image * (2 if trainer.ema is not None else 1)
