@@ -35,8 +35,11 @@ def check_grid(grid_size: tuple[int, int]) -> tuple[int, int]:
     """``(Hg, Wg)`` as two positive ints."""
     try:
         rows, cols = (int(s) for s in grid_size)
+        whole = all(int(s) == s for s in grid_size)  # 4.5 tokens would be truncated, silently
     except (TypeError, ValueError):
-        raise ValueError(f"grid_size must be a pair (Hg, Wg) of positive ints, got {grid_size!r}") from None
+        whole = False
+    if not whole:
+        raise ValueError(f"grid_size must be a pair (Hg, Wg) of positive ints, got {grid_size!r}")
     if rows <= 0 or cols <= 0:
         raise ValueError(f"grid_size must be positive, got {(rows, cols)}")
     return rows, cols
@@ -188,6 +191,7 @@ def check_mixer_options(
     steer_radius: float,
     centre_radius: float,
     num_prefix_tokens: int,
+    steer_gate_init: float = 0.0,
 ) -> None:
     """The numeric options of :class:`ssog.layers.SSoGAttention` (sizes, tokens, widths in tokens;
     its backend's name is checked by :func:`ssog.ops.registry.check_backend`)."""
@@ -199,6 +203,8 @@ def check_mixer_options(
             raise ValueError(f"{name} must be a finite number > 0 (tokens), got {value}")
     if not (centre_radius >= 0 and math.isfinite(centre_radius)):
         raise ValueError(f"centre_radius must be a finite number >= 0 (tokens), got {centre_radius}")
+    if not math.isfinite(steer_gate_init):
+        raise ValueError(f"steer_gate_init must be a finite number (the gates' starting logit), got {steer_gate_init}")
     if num_prefix_tokens < 0:
         raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
 

@@ -20,6 +20,7 @@ from ssog.data import (
 from ssog.data.custom import CUSTOM_DATASET, custom_datasets
 from ssog.data.data_config import resolve_data_config
 from ssog.data.streams import ShardStream, StreamLoader, stream_readers
+from ssog.runtime import is_out_of_memory
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
@@ -263,8 +264,13 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
         args["img_size"] = img_size
     try:
         return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
-    except (TypeError, ValueError) as error:  # an option the model does not take, or a value it refuses
-        raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {error}") from error
+    except (TypeError, ValueError, ArithmeticError, RuntimeError) as error:
+        # an option the model does not take, or a value it refuses or cannot build with (a size of 0
+        # divides by zero, a negative one makes torch refuse the tensor); running out of memory is not
+        if is_out_of_memory(error):
+            raise
+        raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: "
+                         f"{type(error).__name__}: {error}") from error
 
 
 def takes_img_size(name: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -294,6 +295,28 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5e-1`` without a dot are
+    numbers, as every recipe writer means, at any depth (``model_kwargs: {sigma_min: 5e-1}``);
+    YAML 1.1, which PyYAML follows, reads them as strings."""
+
+
+_RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def read_yaml_values(text: str) -> Any:
+    """``text`` parsed as a recipe's YAML (safe, with YAML 1.2's floats: :class:`_RecipeLoader`)."""
+    return yaml.load(text, Loader=_RecipeLoader)  # safe: a SafeLoader subclass
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise IsADirectoryError(f"config file {path} is a folder, not a YAML file; give the recipe file itself "
@@ -301,7 +324,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml_values(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ValueError(f"config file {path} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(data, dict):
@@ -335,7 +358,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ValueError(f"override {text!r} must look like key=value (e.g. model_kwargs.depth=6)")
     try:
-        return key.strip(), yaml.safe_load(value)
+        return key.strip(), read_yaml_values(value)
     except yaml.YAMLError as error:
         raise ValueError(f"override {text!r}: the value is not valid YAML ({_yaml_problem(error)})") from None
 

@@ -71,6 +71,10 @@ def diverged_message(what: str, output: Path, saved_at: tuple[int, int] | None, 
                      lr: float, clip_grad: float | None) -> str:
     """The message of :class:`TrainingDiverged`: ``what`` became non-finite at 1-based ``epoch``
     and ``step`` with learning rate ``lr``; what is kept and what to try (a lower ``lr``, ``clip_grad``)."""
+    if epoch == 1 and step == 1:  # before any update: the learning rate played no part
+        return (f"the first forward pass is not finite: {what}, before any update, so the model (its "
+                "model_kwargs: kernel centres or widths far outside the token grid, say) or the data "
+                "(images that normalise to inf or NaN) give non-finite values, not the learning rate")
     if saved_at is None:
         kept = "no checkpoint had been saved yet"
         hint = "lower lr" + ("" if clip_grad else " or set clip_grad")
