@@ -33,3 +33,15 @@ def test_an_export_that_does_not_match_is_one_line_and_writes_nothing(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not compute the model" in err and "nothing was written" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hf_export_writes_through_a_link_and_creates_no_folder_on_the_way(tmp_path):
+    target = tmp_path / "models" / "empty"
+    target.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(target)
+    assert main(["export", "--format", "hf", "--model", "ssog_vit_micro_patch1_8", "--output",
+                 str(tmp_path / "link")]) == 0
+    assert (target / "model.safetensors").is_file() and (tmp_path / "link").is_symlink()
+    assert main(["export", "--format", "hf", "--model", "ssog_vit_micro_patch1_8", "--output",
+                 str(tmp_path / "a" / ".." / "b")]) == 0
+    assert (tmp_path / "b" / "model.safetensors").is_file() and not (tmp_path / "a").exists()

@@ -218,7 +218,9 @@ def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
     there at once; a folder that already holds a model is refused."""
     from timm.models import save_for_hf as timm_save_for_hf
 
-    directory = Path(directory)
+    # A link to an (empty) folder is written through, into its target; ``a/../b`` is ``b``,
+    # so no ``a/`` is created on the way (both as the user reads the path).
+    directory = Path(directory).resolve() if Path(directory).is_symlink() else Path(os.path.normpath(directory))
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         held = next((name for name in HF_FILES if (directory / name).exists()), None)
         what = f"already holds a model ({held})" if held else "is not an empty folder"
