@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from ssog.files import refuse_existing, write_atomic
     from ssog.train import evaluate_checkpoint
 
+    if args.output is not None and not args.output.strip():
+        raise ValueError("--output is empty: give the JSON file to write the metrics to, or leave --output out")
     if args.output and not args.overwrite:
         refuse_existing([args.output], "--output")  # before the evaluation, not after it
     data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download") if getattr(args, k) is not None}

@@ -1,5 +1,6 @@
-"""ssog export refuses what it cannot honour, in one line: --num-classes for a run, an --atol
-that is no tolerance, and a file that does not compute the model (nothing written)."""
+"""ssog export and eval refuse what they cannot honour, in one line: --num-classes for a run, an
+--atol that is no tolerance, a file that does not compute the model (nothing written), an empty
+--output; and export's paths mean what the user reads (a link, a/../b)."""
 import pytest
 
 from ssog.cli import main
@@ -45,3 +46,8 @@ def test_hf_export_writes_through_a_link_and_creates_no_folder_on_the_way(tmp_pa
     assert main(["export", "--format", "hf", "--model", "ssog_vit_micro_patch1_8", "--output",
                  str(tmp_path / "a" / ".." / "b")]) == 0
     assert (tmp_path / "b" / "model.safetensors").is_file() and not (tmp_path / "a").exists()
+
+
+def test_eval_output_that_names_no_file_is_refused(capsys):
+    assert main(["eval", "--checkpoint", "anything", "--output", ""]) == 2
+    assert "--output is empty" in capsys.readouterr().err
