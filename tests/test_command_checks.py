@@ -2,6 +2,7 @@
 --atol that is no tolerance, a file that does not compute the model (nothing written), an empty
 --output; and export's paths mean what the user reads (a link, a/../b)."""
 import pytest
+import torch
 
 from ssog.cli import main
 from ssog.export import ExportMismatch
@@ -51,3 +52,19 @@ def test_hf_export_writes_through_a_link_and_creates_no_folder_on_the_way(tmp_pa
 def test_eval_output_that_names_no_file_is_refused(capsys):
     assert main(["eval", "--checkpoint", "anything", "--output", ""]) == 2
     assert "--output is empty" in capsys.readouterr().err
+
+
+def test_export_takes_a_runs_ema_weights(tiny_config, tmp_path, capsys):
+    from ssog.train import train
+
+    train(tiny_config(tmp_path / "run", epochs=1, ema_decay=0.5))
+    assert main(["export", "--format", "hf", "--checkpoint", str(tmp_path / "run"), "--ema",
+                 "--output", str(tmp_path / "hf")]) == 0
+    from safetensors.torch import load_file
+
+    from ssog.train import load_checkpoint
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    ema = load_checkpoint(tmp_path / "run" / "best.safetensors", only=("ema",))["ema"]
+    assert all(torch.equal(exported[name], ema[name]) for name in ema)
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--ema", "--output", str(tmp_path / "m.onnx")]) == 2
+    assert "--ema exports a run's EMA weights" in capsys.readouterr().err

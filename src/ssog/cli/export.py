@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="onnx (default), or hf: timm's Hugging Face layout (config.json with the data config, "
                              "model.safetensors) through timm.models.save_for_hf, which "
                              "timm.create_model('local-dir:DIR', pretrained=True) loads")
+    parser.add_argument("--ema", action="store_true", help="export the run's EMA weights (trained with ema_decay)")
     parser.add_argument("--num-classes", type=int, help="classifier outputs of --model (default: the preset's)")
     parser.add_argument("--batch-size", type=int, default=2, help="batch size traced (the batch is dynamic)")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest accepted |onnxruntime - PyTorch|")
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint and args.num_classes is not None:
         raise ValueError("--num-classes sets the classifier of a --model; a run's checkpoint keeps the classes it "
                          "trained on: leave --num-classes out")
+    if args.ema and not args.checkpoint:
+        raise ValueError("--ema exports a run's EMA weights: give --checkpoint RUN")
     if not (math.isfinite(args.atol) and args.atol >= 0):
         raise ValueError(f"--atol must be a finite number >= 0 (the largest accepted |onnxruntime - PyTorch|), "
                          f"got {args.atol}")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from ssog.train.transfer import model_from_checkpoint
 
-        model, name = model_from_checkpoint(args.checkpoint), args.checkpoint
+        model, name = model_from_checkpoint(args.checkpoint, ema=args.ema), args.checkpoint
     patch_embed = getattr(model, "patch_embed", None)
     # A model without patches (a timm CNN run) is exported at the input size it trained at.
     input_size = (model.in_chans, *patch_embed.img_size) if patch_embed is not None else \
@@ -97,7 +100,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
         directory = save_for_hf(create_model(args.model, **kwargs), args.output)
     else:
-        directory = save_run_for_hf(args.checkpoint, args.output)
+        directory = save_run_for_hf(args.checkpoint, args.output, ema=args.ema)
     files = ", ".join(sorted(p.name for p in directory.iterdir()))
     if args.json:
         print(json.dumps({"source": args.model or args.checkpoint, "path": str(directory), "format": "hf"}, indent=2))
