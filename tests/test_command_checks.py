@@ -68,3 +68,4 @@ def test_export_takes_a_runs_ema_weights(tiny_config, tmp_path, capsys):
     assert all(torch.equal(exported[name], ema[name]) for name in ema)
     assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--ema", "--output", str(tmp_path / "m.onnx")]) == 2
     assert "--ema exports a run's EMA weights" in capsys.readouterr().err
+

@@ -198,3 +198,11 @@ def test_curves_of_one_epoch_have_points():
     assert all(line.get_marker() == "o" for ax in fig.axes for line in ax.lines)
     fig = curves_figure([{**record, "epoch": e} for e in range(1, 101)])
     assert all(line.get_marker() in (None, "None", "") for ax in fig.axes for line in ax.lines)
+
+
+def test_with_ema_the_best_checkpoint_is_chosen_by_the_emas_metric(tiny_config, tmp_path):
+    summary = train(tiny_config(tmp_path / "run", epochs=3, ema_decay=0.5))
+    history = run_history(tmp_path / "run")
+    best = max(history, key=lambda row: row["ema_acc1"])
+    assert summary["best_metric"] == "ema_acc1" and summary["best_acc1"] == best["ema_acc1"]
+    assert summary["best_epoch"] == best["epoch"]

@@ -4,7 +4,7 @@ schedules, gradient accumulation, mixup, EMA, AMP, DDP, exact resume.
 Run folder (``cfg.output``, locked while the run writes it; what a run writes there is
 :data:`~ssog.train.run_folder.RUN_FILES`): ``config.yaml``, ``environment.json``,
 ``last.safetensors`` (full state, rewritten at every epoch end and every ``checkpoint_every``
-steps), ``best.safetensors`` (weights of the best validation Acc@1), ``log.jsonl`` /
+steps), ``best.safetensors`` (weights of the best validation Acc@1, the EMA's with EMA), ``log.jsonl`` /
 ``log.csv`` / ``curves.png`` (one row per epoch, with the mean gradient norm of each parameter
 group, :class:`~ssog.train.metrics.GradNormMeter`) and, at the end, ``summary.json``.
 
@@ -285,6 +285,10 @@ class Trainer:
             self.ema.update(self.model, step=self.global_step)
         self.scheduler.step_update(num_updates=self.global_step)
 
+    def best_metric(self) -> str:
+        """The validation metric that chooses ``best.safetensors``: the EMA's Acc@1 with EMA."""
+        return "ema_acc1" if self.ema is not None else "acc1"
+
     def at_step_limit(self) -> bool:
         """Whether ``max_steps`` optimizer steps are done (the run then ends with its partial epoch
         evaluated, checkpointed and summarised)."""
@@ -405,9 +409,11 @@ class Trainer:
         while self.progress.epoch < self.num_epochs and not (self.at_step_limit() and not self.progress.step_in_epoch):
             self._train_epoch()
             record = self._end_epoch()
-            improved = record["acc1"] > self.best["acc1"]
+            # With EMA the checkpoint kept as best is chosen by the EMA's Acc@1, as timm's train.py does.
+            metric = self.best_metric()
+            improved = record[metric] > self.best["acc1"]
             if improved:
-                self.best = {"acc1": record["acc1"], "epoch": record["epoch"]}
+                self.best = {"acc1": record[metric], "epoch": record["epoch"]}
             self.history.append(record)
             # The checkpoints first, then the logs: a failure in between (a full disk) leaves a
             # run resumable at this epoch, and resuming rewrites the logs from the history.
@@ -435,7 +441,8 @@ class Trainer:
         summary = {
             "acc1": final["acc1"], "acc3": final["acc3"], "acc5": final["acc5"], "loss": final["val_loss"],
             "epochs": final["epoch"], "params": self.params,
-            "best_acc1": self.best["acc1"], "best_epoch": self.best["epoch"], "train_loss": final["train_loss"],
+            "best_acc1": self.best["acc1"], "best_epoch": self.best["epoch"], "best_metric": self.best_metric(),
+            "train_loss": final["train_loss"],
             "model": self.cfg.model, "dataset": self.cfg.dataset, "img_size": self.data.img_size,
             "steps": self.global_step, "max_steps": self.cfg.max_steps, "world_size": self.ctx.world_size,
             "train_time_s": sum(times), "time_per_epoch_s": sum(times) / len(times),
@@ -451,7 +458,8 @@ def _format_summary(summary: dict[str, Any], output: Path) -> str:
         f"({summary['time_per_epoch_s']:.1f}s per epoch)",
         f"  final  Acc@1 {summary['acc1']:.2f}  Acc@3 {summary['acc3']:.2f}  Acc@5 {summary['acc5']:.2f}  "
         f"val loss {summary['loss']:.4f}",
-        f"  best   Acc@1 {summary['best_acc1']:.2f} (epoch {summary['best_epoch']})",
+        f"  best   {'EMA ' if summary['best_metric'] == 'ema_acc1' else ''}Acc@1 {summary['best_acc1']:.2f} "
+        f"(epoch {summary['best_epoch']})",
     ]
     if "ema_acc1" in summary:
         lines.append(f"  EMA    Acc@1 {summary['ema_acc1']:.2f}  Acc@5 {summary['ema_acc5']:.2f}")
