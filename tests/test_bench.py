@@ -140,6 +140,7 @@ def sweep_results():
     return results
 
 
+@pytest.mark.slow
 def test_sweep_rows(sweep_results):
     rows = sweep_results.rows
     # 2 families x 2 resolutions x 2 batch sizes x 2 ops, plus the tiny width at 8 px, batch 1.
@@ -206,6 +207,7 @@ def _oom_after(tokens: int, error: Exception, calls: list):
     return forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "error",
     [
@@ -297,6 +299,7 @@ def test_comparison_table_ratios_and_oom():
     assert "| OOM |" in table[3] and "| 5.00 |" in table[3]
 
 
+@pytest.mark.slow
 def test_plots_written(sweep_results, tmp_path):
     paths = plot_results(sweep_results, tmp_path)
     names = sorted(path.name for path in paths)
@@ -305,6 +308,7 @@ def test_plots_written(sweep_results, tmp_path):
     assert all(path.stat().st_size > 1000 for path in paths)
 
 
+@pytest.mark.slow
 def test_plots_with_oom_marks(tmp_path):
     rows = [
         {**_row("mha", 224, 4, speed=10.0, memory=200.0), "gflops_per_image": 4.6, "attention_gflops_per_image": 1.4},
@@ -338,6 +342,7 @@ CLI_TINY = ["--size", "micro", "--families", "vit", "--resolutions", "4", "8", "
             "--width-sizes", "--warmup", "1", "--iters", "2", "--device", "cpu"]
 
 
+@pytest.mark.slow
 def test_cli_bench_writes_results_and_plots(tmp_path, capsys):
     assert main(["bench", *CLI_TINY, "--output", str(tmp_path)]) == 0
     for name in ("results.json", "results.csv", "summary.md", "fig5_scaling.png", "fig5_scaling.pdf",
@@ -350,6 +355,7 @@ def test_cli_bench_writes_results_and_plots(tmp_path, capsys):
     assert (tmp_path / "fig5_scaling.pdf").is_file()
 
 
+@pytest.mark.slow
 def test_size_governs_the_whole_sweep(tmp_path):
     """--size micro alone measures micro models only: not the preset's width sweep (ViT-S, M)."""
     assert main(["bench", "--size", "micro", "--families", "vit", "--ops", "ssog", "--resolutions", "8",

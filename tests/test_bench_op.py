@@ -46,6 +46,7 @@ def test_bad_configuration_is_one_clear_line(args, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compiled_candidates_survive_more_grids_than_the_recompile_limit(monkeypatch):
     """Every grid and pass recompiles the same code; torch refuses a ninth recompilation under
     fullgraph=True. The eager backend keeps the test fast; the limit is the same for inductor."""

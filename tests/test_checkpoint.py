@@ -97,6 +97,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_readers_racing_a_writer_see_whole_checkpoints(tmp_path):
     """Every read of a checkpoint that another process keeps replacing returns one version:
     its JSON (the counter) and its tensors (filled with the counter, of a length that
@@ -137,6 +138,7 @@ def _metrics(history):
     return [{k: r[k] for k in METRICS} for r in history]
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch, tiny_config):
     """Mixup, drop-path and EMA all draw random numbers: a resume must restore every stream."""
     options = dict(epochs=3, augment="strong", drop_path=0.1, ema_decay=0.9, checkpoint_every=3)

@@ -26,6 +26,7 @@ def test_num_classes_is_refused_for_a_run(tmp_path, capsys):
     assert "a run's checkpoint keeps the classes it trained on" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_export_that_does_not_match_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     def differs(*args, **kwargs):
         raise ExportMismatch("onnxruntime's output differs from eager PyTorch by 1 (> 0.0001)")
@@ -37,6 +38,7 @@ def test_an_export_that_does_not_match_is_one_line_and_writes_nothing(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_hf_export_writes_through_a_link_and_creates_no_folder_on_the_way(tmp_path):
     target = tmp_path / "models" / "empty"
     target.mkdir(parents=True)
@@ -54,6 +56,7 @@ def test_eval_output_that_names_no_file_is_refused(capsys):
     assert "--output is empty" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_takes_a_runs_ema_weights(tiny_config, tmp_path, capsys):
     from ssog.train import train
 

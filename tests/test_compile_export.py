@@ -16,6 +16,8 @@ from ssog.export import export_onnx, missing_export_packages
 from ssog.layers import ssog_mixers
 from ssog.models import list_models  # noqa: F401  (registers the models)
 
+pytestmark = pytest.mark.slow  # seconds per test: torch.compile, ONNX and torch.export
+
 FAMILIES = ("vit", "loopvit", "odevit")
 SMALL = dict(embed_dim=16, num_heads=2)
 #: The mixers every export path must record: attention, fixed SSoG, steered SSoG (every part).

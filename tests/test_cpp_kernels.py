@@ -214,6 +214,7 @@ def test_disabled_by_environment(fresh_library, monkeypatch):
     assert cpp_kernels.unavailable_reason() == "disabled by SSOG_CPP=0"
 
 
+@pytest.mark.slow
 def test_build_is_cached_and_leaves_no_partial_files(fresh_library):
     assert cpp_kernels.available()
     built = sorted(p.name for p in fresh_library.iterdir())

@@ -78,6 +78,7 @@ def test_recipes_keep_their_data_config():
     assert digits["input_size"] == (1, 8, 8) and digits["mean"] == (0.5,) and digits["crop_pct"] == 1.0
 
 
+@pytest.mark.slow
 def test_checkpoint_model_and_onnx_carry_the_runs_data_config(tmp_path, tiny_config):
     run = tmp_path / "run"
     train(tiny_config(run, epochs=1, mean=[0.4, 0.5, 0.6], std=[0.2], crop_pct=0.75))

@@ -111,6 +111,7 @@ SPEC_FLOPS = {  # (res) -> (MHA whole, SSoG whole, MHA attention, SSoG attention
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("res", SPEC_FLOPS)
 def test_flops_match_table4(family, res):

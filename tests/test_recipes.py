@@ -28,6 +28,7 @@ def test_there_is_a_recipe_for_every_experiment_family():
     assert "cifar10_tiny" in names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", RUNS, ids=[_id(r) for r in RUNS])
 def test_recipe_model_builds_at_full_size(run):
     path, variant = run

@@ -410,6 +410,7 @@ def test_eval_output_never_replaces_a_file_unasked_nor_leaves_a_partial_one(one_
     assert not metrics.exists() and not list(one_epoch_run.parent.glob(".metrics*"))
 
 
+@pytest.mark.slow
 def test_bench_and_analyze_refuse_earlier_results_before_working(tmp_path, monkeypatch, capsys):
     from ssog.bench import sweep
 
@@ -459,6 +460,7 @@ def test_steer_given_as_one_name_and_a_linear_probe_without_init_from(tmp_path, 
     assert any(".steer_proj.mu." in name for name in weights) and not any("steer_proj.sigma" in n for n in weights)
 
 
+@pytest.mark.slow
 def test_a_timm_model_without_img_size_trains_and_evaluates(tmp_path, capsys, tiny_config):
     run = tmp_path / "run"
     assert main(["train", "--model", "test_resnet", "--dataset", "synthetic", "--set", "synthetic_size=32",

@@ -63,6 +63,7 @@ def test_recipe_errors(tmp_path):
 
 
 # ---------------------------------------------------------------- the engine
+@pytest.mark.slow
 def test_training_writes_summary_logs_and_checkpoints(tmp_path, capsys, tiny_config):
     summary = train(tiny_config(tmp_path / "run", epochs=2, ema_decay=0.9, augment="strong"))
     run = tmp_path / "run"

@@ -45,6 +45,7 @@ def test_grad_accumulation_takes_the_same_steps_as_one_batch(tmp_path, tiny_conf
         train(tiny_config(tmp_path / "bad", grad_accum_steps=3))
 
 
+@pytest.mark.slow
 def test_resume_with_grad_accumulation_reproduces_uninterrupted_run(tmp_path, monkeypatch, tiny_config):
     """Checkpoints fall on optimizer-step boundaries; a resume from one (mid-epoch, with mixup,
     drop-path and EMA drawing random numbers) ends exactly as the uninterrupted run."""
@@ -77,6 +78,7 @@ def test_layer_decay_scales_the_lr_per_group(tmp_path, tiny_config):
     assert run_history(tmp_path / "run")[0]["lr"] == max(group["lr"] for group in groups)
 
 
+@pytest.mark.slow
 def test_timm_schedules(tmp_path, monkeypatch, tiny_config):
     options = dict(epochs=2, warmup_epochs=0, lr=1e-2)
     train(tiny_config(tmp_path / "step", sched="step", decay_epochs=1, decay_rate=0.5, **options))
@@ -143,6 +145,7 @@ class FakeWandb:
         pass
 
 
+@pytest.mark.slow
 def test_per_step_logging_wandb_ids_and_progress_lines(tmp_path, monkeypatch, tiny_config, ssog_log):
     wandb = FakeWandb()
 

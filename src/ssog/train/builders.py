@@ -269,8 +269,8 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
         # divides by zero, a negative one makes torch refuse the tensor); running out of memory is not
         if is_out_of_memory(error):
             raise
-        raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: "
-                         f"{type(error).__name__}: {error}") from error
+        reason = str(error) if isinstance(error, (TypeError, ValueError)) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {reason}") from error
 
 
 def takes_img_size(name: str) -> bool:
