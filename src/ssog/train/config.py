@@ -295,7 +295,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-class _RecipeLoader(yaml.SafeLoader):
+class _RecipeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5e-1`` without a dot are
     numbers, as every recipe writer means, at any depth (``model_kwargs: {sigma_min: 5e-1}``);
     YAML 1.1, which PyYAML follows, reads them as strings."""
