@@ -19,5 +19,5 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_opens_with_main_job_then_tests():
     commands = re.findall(r"```bash\n(.+?)\n```", README)
     assert commands[0].endswith("ssog train")
-    assert commands[1].endswith("pytest -q")
+    assert commands[1].endswith("pytest -q -n auto")
 
