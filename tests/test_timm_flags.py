@@ -304,6 +304,7 @@ def test_a_run_with_timms_flags(tmp_path, capsys, tiny_config):
     assert (saved["clip_grad"], saved["ema_decay"], saved["model_kwargs"]["grad_checkpointing"]) == (None, EMA_DECAY,
                                                                                                      True)
     assert saved["channels_last"] and saved["opt"] == "sgd" and saved["grad_accum_steps"] == 2
+    assert main(["eval", "--checkpoint", str(tmp_path / "exp"), "--json", "--device", "cpu"]) == 0  # builds it again
 
 
 # ---------------------------------------------------------------- docs

@@ -17,6 +17,11 @@ from typing import NoReturn, Sequence
 
 from ssog import __version__  # the installed metadata's (pyproject.toml)
 
+__all__ = [
+    "COMMANDS", "OPENMP_SPIN_COUNT", "build_parsers", "limit_openmp_spinning", "main", "one_line",
+    "refuse_unknown_options",
+]
+
 COMMANDS: tuple[str, ...] = (
     "info",
     "flops",
