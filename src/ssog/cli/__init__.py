@@ -7,13 +7,20 @@ and calls into the library; no experiment logic lives here.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import signal
 import sys
-from typing import Sequence
+from types import ModuleType
+from typing import NoReturn, Sequence
 
 from ssog import __version__  # the installed metadata's (pyproject.toml)
+
+__all__ = [
+    "COMMANDS", "OPENMP_SPIN_COUNT", "build_parsers", "limit_openmp_spinning", "main", "one_line",
+    "refuse_unknown_options",
+]
 
 COMMANDS: tuple[str, ...] = (
     "info",
@@ -44,7 +51,12 @@ def limit_openmp_spinning() -> None:
         os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``ssog`` parser, and each command's by name."""
     parser = argparse.ArgumentParser(
         prog="ssog",
         description="SSoG: separable sum-of-Gaussians token mixing for Vision Transformers.",
@@ -52,8 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(subparsers)
-    return parser
+        _command_module(name).register(subparsers)
+    return parser, dict(subparsers.choices)
+
+
+def refuse_unknown_options(command: str, parser: argparse.ArgumentParser, unknown: Sequence[str]) -> NoReturn:
+    """Exit (status 2) through ``parser.error`` naming the first of ``unknown`` that looks like
+    an option, the nearest option ``command`` has, and the command's own hint
+    (``unknown_option_hint(option)`` of its module, e.g. ``ssog train``'s ``--set``)."""
+    options = [text for text in unknown if text.startswith("-")]
+    if not options:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    option = options[0].split("=", 1)[0]
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    near = difflib.get_close_matches(option, known, n=1, cutoff=0.7)
+    message = f"unrecognized option {option}" + (f"; did you mean {near[0]}?" if near else "")
+    hint = getattr(_command_module(command), "unknown_option_hint", None)
+    if hint is not None:
+        message += f" ({hint(option)})"
+    parser.error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,8 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ssog.logs import install_cli_handler
 
     install_cli_handler()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, commands = build_parsers()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        refuse_unknown_options(args.command, commands[args.command], unknown)
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError, FloatingPointError, MemoryError) as error:

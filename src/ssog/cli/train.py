@@ -1,4 +1,5 @@
-"""``ssog train``: train a model from defaults, a recipe, and command-line overrides."""
+"""``ssog train``: train a model from defaults, a recipe, and command-line overrides (the
+options are :data:`ssog.cli.train_options.OPTIONS`, timm's train.py flags among them)."""
 from __future__ import annotations
 
 import argparse
@@ -6,65 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from ssog.cli.train_options import add_options, fill_fallbacks, option_settings, unknown_option_hint
 
-def _number(text: str) -> float | int:
-    return float(text) if any(c in text for c in ".eE") else int(text)
-
-
-def _split(text: str) -> float | int | str:
-    """A fraction or count, or a split's name."""
-    try:
-        return _number(text)
-    except ValueError:
-        return text
-
-
-# (option, config field, type (None: int or float), help); each overrides the recipe when given
-_OPTIONS: list[tuple[str, str, type | None, str]] = [
-    ("--model", "model", str, "timm model name (default: the digits preset)"),
-    ("--dataset", "dataset", str, "digits | cifar10 | cifar100 | imagefolder | synthetic, or a timm data source: "
-                                  "hfds/NAME, hfids/NAME, wds/NAME, tfds/NAME, torch/NAME"),
-    ("--data-dir", "data_dir", str, "data folder (CIFAR root, ImageFolder root with train/ and val/ or validation/, "
-                                    "WebDataset shard folder, Hugging Face cache folder)"),
-    ("--val-split", "val_split", _split, "split this fraction (<1) or count off the training set for validation, or "
-                                         "name the validation split of a timm source (default: validation)"),
-    ("--train-subset", "train_subset", int, "train on a seeded, stratified subset of N training images"),
-    ("--img-size", "img_size", int, "input size in pixels (default: the model's pretrained_cfg, e.g. 32 for "
-                                    "*_tiny_patch4_32, 224 for *_patch16_224; so are mean, std, crop_pct, "
-                                    "interpolation, each settable with --set)"),
-    ("--augment", "augment", str, "augmentation level: strong | moderate | weak | none (Table 15)"),
-    ("--epochs", "epochs", int, "training epochs"),
-    ("--max-steps", "max_steps", int, "stop after N optimizer steps (evaluated, saved and summarised there); the "
-                                      "schedule keeps its epochs: a quick check of a recipe's whole pipeline"),
-    ("--batch-size", "batch_size", int, "global batch size (split over processes)"),
-    ("--lr", "lr", float, "peak learning rate"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay"),
-    ("--warmup-epochs", "warmup_epochs", float, "linear warmup length in epochs"),
-    ("--drop-path", "drop_path", float, "stochastic depth rate"),
-    ("--ema-decay", "ema_decay", float, "keep an EMA of the weights with this decay"),
-    ("--amp", "amp", str, "mixed precision: none | bf16 | fp16"),
-    ("--num-workers", "num_workers", int, "data-loading worker processes per training process"),
-    ("--seed", "seed", int, "random seed"),
-    ("--device", "device", str, "auto | cpu | cuda"),
-    ("--threads", "threads", int, "intra-op threads of a CPU run (default 1)"),
-    ("--checkpoint-every", "checkpoint_every", int, "also save last.safetensors every N optimizer steps"),
-    ("--init-from", "init_from", str, "start from this checkpoint's (or run folder's best) backbone, with a new "
-                                      "head, its attention converted where the model is SSoG; or timm:NAME, "
-                                      "timm's ViT NAME converted to SSoG (ssog.convert; "
-                                      "pretrained where a hub is reachable), the run's model then being NAME"),
-    ("--wandb-project", "wandb_project", str, "log to this Weights & Biases project"),
-]
-_FLAGS: list[tuple[str, str, str]] = [
-    ("--download", "download", "download CIFAR where a network is available"),
-    ("--skip-bad-images", "skip_bad_images",
-     "leave out ImageFolder files that cannot be read, warning for each (default: refuse them)"),
-    ("--deterministic", "deterministic", "deterministic algorithms (exactly reproducible on CPU)"),
-    ("--linear-probe", "linear_probe", "train only the classifier on a frozen backbone"),
-    ("--tensorboard", "tensorboard", "also log to TensorBoard (OUTPUT/tensorboard)"),
-    ("--compile", "compile", "train through torch.compile (first steps slower while it compiles)"),
-    ("--overwrite", "overwrite", "replace the files of an earlier run in --output (only those: config.yaml, "
-                                 "checkpoints, logs, curves, summary)"),
-]
+__all__ = ["register", "run", "unknown_option_hint"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,24 +17,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a model (default: a small SSoG ViT on the embedded digits)",
         description="Train a model. Settings: defaults <- --config FILE (with --variant) <- options "
-                    "<- --set KEY=VALUE. With no options: a small SSoG ViT on scikit-learn's digits.",
+                    "<- --set KEY=VALUE. With no options: a small SSoG ViT on scikit-learn's digits. timm's "
+                    "train.py flags set the same settings (docs/training.md, \"timm's flags\").",
     )
     parser.add_argument("--config", help="YAML recipe (see configs/)")
     parser.add_argument("--variant", help="variant of the recipe to run (e.g. one row of an ablation)")
     parser.add_argument("--list-variants", action="store_true", help="print the recipe's variants and exit")
     parser.add_argument("--output", "-o",
                         help="run folder (default: runs/<recipe>/<variant> for a recipe, else runs/<timestamp>-<hex>); "
-                             "a folder holding another run is refused unless --overwrite")
+                             "a folder holding another run is refused unless --overwrite; with --experiment: the "
+                             "folder the run's folder is made in")
+    parser.add_argument("--experiment", metavar="NAME",
+                        help="name the run folder OUTPUT/NAME (default OUTPUT: runs), as timm's --experiment")
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the run in DIR from its last checkpoint; only --no-progress, --threads, "
                              "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config field, e.g. --set model_kwargs.depth=6 (repeatable)")
-    for flag, _, kind, text in _OPTIONS:
-        parser.add_argument(flag, type=kind or _number, default=None, help=text)
-    for flag, _, text in _FLAGS:
-        parser.add_argument(flag, action="store_true", default=None, help=text)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_options(parser)
     parser.add_argument("--dry-run", nargs="?", type=int, const=3, default=None, metavar="STEPS",
                         help="build everything, time STEPS optimizer steps (default 3) at the recipe's batch and "
                              "the data loader alone, print parameters, GFLOPs, step time, images/s, peak memory "
@@ -106,29 +51,38 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--list-variants needs --config")
         print("\n".join(recipe_variants(args.config)) or f"{args.config} has no variants")
         return 0
-    overrides = [(field, getattr(args, field)) for _, field, *_ in _OPTIONS + _FLAGS
-                 if getattr(args, field) is not None]
-    if args.output is not None:
-        overrides.append(("output", args.output))
-    if args.no_progress:
-        overrides.append(("progress", False))
+    overrides, fallbacks = option_settings(args)
+    output = _output(args)
+    if output is not None:
+        overrides.append(("output", output))
     overrides += [parse_override(text) for text in args.set]
     if args.dry_run is not None or args.dry_run_report:
-        return _dry_run(args, overrides)
+        return _dry_run(args, overrides, fallbacks)
     try:
         if args.resume:
             if args.config or args.variant:
                 raise ValueError("--resume DIR continues a run with its saved configuration; give no --config")
-            train(resume=args.resume, resume_changes=dict(overrides))
+            train(resume=args.resume, resume_changes=dict(overrides + fallbacks))
         else:
-            train(resolve_config(args.config, args.variant, overrides))
+            train(fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks))
     except TrainingInterrupted as stop:
         print(f"ssog train: {stop}", file=sys.stderr)
         return 128 + stop.signum
     return 0
 
 
-def _dry_run(args: argparse.Namespace, overrides: list) -> int:
+def _output(args: argparse.Namespace) -> str | None:
+    """The run folder the command line names: ``--output``, or with ``--experiment NAME``
+    ``OUTPUT/NAME`` (``runs/NAME`` without ``--output``), as timm's train.py makes it."""
+    if args.experiment is None:
+        return args.output
+    name = Path(args.experiment)
+    if not args.experiment or name.is_absolute() or ".." in name.parts:
+        raise ValueError(f"--experiment names a folder inside --output, got {args.experiment!r}")
+    return str(Path(args.output or "runs") / name)
+
+
+def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
     from ssog.files import write_atomic
     from ssog.train import resolve_config
     from ssog.train.dry_run import dry_run, format_dry_run
@@ -137,7 +91,8 @@ def _dry_run(args: argparse.Namespace, overrides: list) -> int:
         raise ValueError("--dry-run-report FILE goes with --dry-run")
     if args.resume:
         raise ValueError("--dry-run measures a new run's recipe; --resume continues a run: give one")
-    report = dry_run(resolve_config(args.config, args.variant, overrides), steps=args.dry_run)
+    report = dry_run(fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks),
+                     steps=args.dry_run)
     print(format_dry_run(report))
     if args.dry_run_report:
         write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n")

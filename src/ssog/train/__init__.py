@@ -1,10 +1,11 @@
 """Training and evaluation: config and recipes, the DDP training engine, checkpoints, transfer."""
 from ssog.train.api import train
 from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
-from ssog.train.config import TrainConfig, load_recipe, parse_override, recipe_variants, resolve_config
+from ssog.train.config import TrainConfig, resolve_config
 from ssog.train.engine import Trainer
 from ssog.train.evaluation import evaluate_checkpoint
 from ssog.train.metrics import evaluate
+from ssog.train.recipes import load_recipe, parse_override, recipe_variants
 from ssog.train.run_folder import RUN_FILES
 from ssog.train.state import RESUME_CHANGES, RESUME_SETTINGS
 from ssog.train.stopping import TrainingDiverged, TrainingInterrupted, TrainingOutOfMemory

@@ -25,10 +25,13 @@ from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
 __all__ = [
-    "DataBundle", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS", "apply_data_config",
-    "model_pretrained_cfg", "run_data_config", "takes_img_size",
+    "DataBundle", "GRAD_CHECKPOINTING", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS",
+    "apply_data_config", "model_pretrained_cfg", "run_data_config", "takes_img_size",
 ]
 
+#: The ``model_kwargs`` entry that turns on the built model's activation checkpointing
+#: (``set_grad_checkpointing``, timm's ``--grad-checkpointing``) instead of reaching its constructor.
+GRAD_CHECKPOINTING = "grad_checkpointing"
 # Set from the data set and the config's own fields, never through model_kwargs.
 RESERVED_MODEL_KWARGS = {
     "num_classes": "the data set", "in_chans": "the data set", "img_size": "img_size",
@@ -140,9 +143,12 @@ def _local_batch(cfg: TrainConfig, ctx: DistContext) -> int:
 
 
 def _transform(cfg: TrainConfig, data_config: dict[str, Any], info: DatasetInfo, train: bool):
-    return build_transform(cfg.augment, data_config["input_size"][1:], data_config["mean"], data_config["std"],
+    """The run's training (its augmentation level with the config's transform settings) or
+    evaluation transform; the level's flips are off for data they relabel, an ``hflip`` set in
+    the config is kept."""
+    return build_transform(cfg.augmentation(), data_config["input_size"][1:], data_config["mean"], data_config["std"],
                            train=train, crop_pct=data_config["crop_pct"], interpolation=data_config["interpolation"],
-                           allow_hflip=info.hflip)
+                           allow_hflip=info.hflip or cfg.hflip is not None)
 
 
 def _eval_loader(dataset, info: DatasetInfo, data_config: dict[str, Any], batch: int, cfg: TrainConfig,
@@ -249,13 +255,32 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
     With ``init_from="timm:NAME"`` the model is timm's ``NAME`` made SSoG by
     :func:`ssog.convert` (``model_kwargs`` are its SSoG options), and with
     ``load_timm_weights`` it starts from NAME's pretrained weights (a ValueError naming
-    ``init_from`` when they cannot be loaded).
+    ``init_from`` when they cannot be loaded). ``model_kwargs.grad_checkpointing: true`` is
+    no constructor option: it calls the built model's ``set_grad_checkpointing()``, as timm's
+    train.py does for ``--grad-checkpointing``; ``channels_last`` puts its 4-d weights in
+    channels-last memory format.
     """
+    kwargs = dict(cfg.model_kwargs)
+    grad_checkpointing = kwargs.pop(GRAD_CHECKPOINTING, False)
+    if not isinstance(grad_checkpointing, bool):
+        raise ValueError(f"model_kwargs {GRAD_CHECKPOINTING} must be true or false, got {grad_checkpointing!r}")
     if cfg.init_from and cfg.init_from.startswith(TIMM_INIT_PREFIX):
-        return _converted_timm_model(cfg, cfg.init_from[len(TIMM_INIT_PREFIX):], num_classes, in_chans, img_size,
-                                     load_timm_weights)
+        model = _converted_timm_model(cfg, cfg.init_from[len(TIMM_INIT_PREFIX):], kwargs, num_classes, in_chans,
+                                      img_size, load_timm_weights)
+    else:
+        model = _timm_model(cfg, kwargs, num_classes, in_chans, img_size)
+    if grad_checkpointing:
+        _enable_grad_checkpointing(model, cfg.model)
+    if cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
+def _timm_model(cfg: TrainConfig, kwargs: dict[str, Any], num_classes: int, in_chans: int,
+                img_size: int | tuple[int, int]) -> torch.nn.Module:
+    """``timm.create_model(cfg.model, **kwargs)`` for the data."""
     for key, source in RESERVED_MODEL_KWARGS.items():
-        if key in cfg.model_kwargs:
+        if key in kwargs:
             raise ValueError(f"model_kwargs may not set {key!r}: it comes from {source}")
     if not timm.is_model(cfg.model):
         raise ValueError(f"unknown model {cfg.model!r} (--model); {did_you_mean(cfg.model, timm.list_models())}")
@@ -263,14 +288,23 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
     if takes_img_size(cfg.model):  # a model without a fixed input size (a CNN) does not: the transforms size the images
         args["img_size"] = img_size
     try:
-        return timm.create_model(cfg.model, **args, **cfg.model_kwargs)
+        return timm.create_model(cfg.model, **args, **kwargs)
     except (TypeError, ValueError, ArithmeticError, RuntimeError) as error:
         # an option the model does not take, or a value it refuses or cannot build with (a size of 0
         # divides by zero, a negative one makes torch refuse the tensor); running out of memory is not
         if is_out_of_memory(error):
             raise
         reason = str(error) if isinstance(error, (TypeError, ValueError)) else f"{type(error).__name__}: {error}"
-        raise ValueError(f"cannot create {cfg.model} with model_kwargs {cfg.model_kwargs}: {reason}") from error
+        raise ValueError(f"cannot create {cfg.model} with model_kwargs {kwargs}: {reason}") from error
+
+
+def _enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
+    """``model.set_grad_checkpointing(True)``, or a ValueError when the model has none."""
+    try:
+        model.set_grad_checkpointing(True)
+    except (AttributeError, AssertionError, NotImplementedError) as error:
+        raise ValueError(f"model {name} does not support gradient checkpointing (model_kwargs "
+                         f"{GRAD_CHECKPOINTING}, --grad-checkpointing): {type(error).__name__}: {error}") from None
 
 
 def takes_img_size(name: str) -> bool:
@@ -288,8 +322,8 @@ def takes_img_size(name: str) -> bool:
     return "img_size" in inspect.signature(cls.__init__).parameters
 
 
-def _converted_timm_model(cfg: TrainConfig, name: str, num_classes: int, in_chans: int, img_size: int,
-                          pretrained: bool) -> torch.nn.Module:
+def _converted_timm_model(cfg: TrainConfig, name: str, kwargs: dict[str, Any], num_classes: int, in_chans: int,
+                          img_size: int, pretrained: bool) -> torch.nn.Module:
     from ssog.conversion import convert
 
     if not timm.is_model(name):
@@ -304,6 +338,6 @@ def _converted_timm_model(cfg: TrainConfig, name: str, num_classes: int, in_chan
                          f"({type(error).__name__}: {error}); make them reachable (network, or timm's cache "
                          "in HF_HOME), or start from a checkpoint file with init_from") from error
     try:
-        return convert(model, **cfg.model_kwargs)
+        return convert(model, **kwargs)
     except TypeError as error:
-        raise ValueError(f"cannot convert timm:{name} with SSoG options {cfg.model_kwargs}: {error}") from error
+        raise ValueError(f"cannot convert timm:{name} with SSoG options {kwargs}: {error}") from error

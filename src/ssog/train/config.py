@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
 from ssog.data.data_config import INTERPOLATIONS
+from ssog.data.transforms import TRANSFORM_SETTINGS, Augmentation, configure_augmentation
+from ssog.train.recipes import load_recipe, merge_settings
 
 __all__ = [
-    "TrainConfig", "data_source_from_overrides", "infer_dataset", "load_recipe", "recipe_variants", "resolve_config",
-    "parse_override", "upgrade_checkpoint_config",
+    "TrainConfig", "data_source_from_overrides", "infer_dataset", "resolve_config", "upgrade_checkpoint_config",
 ]
 
 # 2x2-pixel patches (4x4 tokens) and average pooling: with one-pixel patches of a grey image
@@ -93,6 +91,15 @@ class TrainConfig:
     augment: str = "none"  # strong | moderate | weak | none (Table 15)
     mixup: float | None = None  # None: the augmentation level's alpha
     cutmix: float | None = None
+    # timm's create_transform arguments over the level's (null: the level's; auto_augment "none": off;
+    # train_interpolation null: interpolation's); ssog.data.transforms.configure_augmentation
+    auto_augment: str | None = None
+    re_prob: float | None = None
+    scale: list[float] | None = None
+    ratio: list[float] | None = None
+    hflip: float | None = None
+    color_jitter: float | None = None
+    train_interpolation: str | None = None
     num_workers: int = 0
     # ImageFolder files that fail the up-front check: an error naming them (False), or a
     # warning naming each and the run goes on without them (True). See docs/training.md.
@@ -152,6 +159,7 @@ class TrainConfig:
     log_every: int = 50
     progress: bool = True
     compile: bool = False  # train through torch.compile (the model's forward and backward)
+    channels_last: bool = False  # the model's 4-d weights (convolutions) in channels-last memory format
     tensorboard: bool = False
     wandb_project: str | None = None
 
@@ -225,6 +233,14 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad training config: {message}")
+        self.augmentation()  # the level and its transform settings
+
+    def augmentation(self) -> Augmentation:
+        """The training augmentation: the ``augment`` level with the transform settings set here."""
+        try:
+            return configure_augmentation(self.augment, **{name: getattr(self, name) for name in TRANSFORM_SETTINGS})
+        except ValueError as error:
+            raise ValueError(f"bad training config: {error}") from None
 
     def _timm_init_model(self) -> str:
         """The model a ``timm:NAME`` start builds: NAME, so logs, summaries and the saved config
@@ -285,91 +301,6 @@ def _matches(value: Any, hint: Any) -> bool:
     return False
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-class _RecipeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5e-1`` without a dot are
-    numbers, as every recipe writer means, at any depth (``model_kwargs: {sigma_min: 5e-1}``);
-    YAML 1.1, which PyYAML follows, reads them as strings."""
-
-
-_RecipeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                   |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
-
-
-def read_yaml_values(text: str) -> Any:
-    """``text`` parsed as a recipe's YAML (safe, with YAML 1.2's floats: :class:`_RecipeLoader`)."""
-    return yaml.load(text, Loader=_RecipeLoader)  # safe: a SafeLoader subclass
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if path.is_dir():
-        raise IsADirectoryError(f"config file {path} is a folder, not a YAML file; give the recipe file itself "
-                                "(e.g. configs/cifar10_tiny.yaml)")
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    try:
-        data = read_yaml_values(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"config file {path} is not valid YAML: {_yaml_problem(error)}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping of settings, got {type(data).__name__}")
-    return data
-
-
-def load_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The settings of a recipe file with its ``base:`` files merged in (``variants`` kept)."""
-    path = Path(path).resolve()
-    if path in _seen:
-        raise ValueError(f"config inheritance cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
-    data = _read_yaml(path)
-    bases = data.pop("base", None) or []
-    merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
-        parent = load_recipe(path.parent / base, (*_seen, path))
-        parent.pop("variants", None)  # variants belong to the file that declares them
-        merged = _merge(merged, parent)
-    return _merge(merged, data)
-
-
-def recipe_variants(path: str | Path) -> list[str]:
-    """Names of the variants a recipe declares (empty if it has none)."""
-    return list(load_recipe(path).get("variants") or {})
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``key=value`` or ``key.sub=value`` (value parsed as YAML) into ``(key, value)``."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ValueError(f"override {text!r} must look like key=value (e.g. model_kwargs.depth=6)")
-    try:
-        return key.strip(), read_yaml_values(value)
-    except yaml.YAMLError as error:
-        raise ValueError(f"override {text!r}: the value is not valid YAML ({_yaml_problem(error)})") from None
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """One line from a YAML error: what went wrong and where (yaml's own text spans lines)."""
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    mark = getattr(error, "problem_mark", None)
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
-
-
 def resolve_config(
     recipe: str | Path | None = None,
     variant: str | None = None,
@@ -389,18 +320,18 @@ def resolve_config(
         if variant is not None:
             if variant not in variants:
                 raise ValueError(f"{recipe} has no variant {variant!r}; it defines {list(variants)}")
-            values = _merge(values, variants[variant])
+            values = merge_settings(values, variants[variant])
     elif variant is not None:
         raise ValueError("--variant needs --config")
     overrides = list(overrides)
     recipe_values = values
     for key, value in overrides:
         head, _, rest = key.partition(".")
-        values = _merge(values, {head: _nest(rest, value)} if rest else {head: value})
+        values = merge_settings(values, {head: _nest(rest, value)} if rest else {head: value})
     values = data_source_from_overrides(recipe_values, values, {key.partition(".")[0] for key, _ in overrides})
     init_from = values.get("init_from")
     if init_from and not str(init_from).startswith(TIMM_INIT_PREFIX) and "model" not in values:
-        values = _merge(_source_architecture(str(init_from)), values)
+        values = merge_settings(_source_architecture(str(init_from)), values)
     if recipe is not None and values.get("output") is None:
         # A fixed place per recipe and variant, so that recipes can name each other's
         # checkpoints (warm starts, transfer) and a rerun is caught rather than overwriting.
