@@ -269,8 +269,8 @@ class SSoGAttention(nn.Module):
         the call override them, as with ``functools.partial``): timm's ``attn_layer``, which
         must be a class (timm checks it with ``issubclass``), with SSoG's options, e.g.
         ``SSoGAttention.configured(num_prefix_tokens=0, steer=("mu",))``."""
-        known = inspect.signature(cls).parameters
-        unknown = sorted(set(options) - set(known) | {"dim", "num_heads"} & set(options))
+        options_known = set(inspect.signature(cls).parameters) - {"dim", "num_heads"}
+        unknown = sorted(set(options) - options_known)
         if unknown:
             raise TypeError(f"{cls.__name__}.configured() takes constructor options, not {unknown}")
 
