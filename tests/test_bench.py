@@ -180,7 +180,7 @@ def test_results_files_round_trip(sweep_results, tmp_path):
     assert len(table) == len(sweep_results.rows)
     assert float(table[0]["images_per_s"]) == pytest.approx(sweep_results.rows[0]["images_per_s"])
     loaded = BenchResults.load(tmp_path)
-    assert loaded.rows == sweep_results.rows
+    assert loaded.rows == sweep_results.rows and loaded.complete
     env = loaded.environment
     assert env["device"] == "cpu" and env["dtype"] == "fp32"
     assert env["torch"] == torch.__version__ and env["threads"] == 1  # conftest's one torch thread
@@ -425,3 +425,32 @@ def test_train_mode_times_optimisation_steps(monkeypatch, tmp_path, capsys):
     train_memory = {row["op"]: row["peak_memory_mib"] for row in rows}
     for row in inference.rows:
         assert row["mode"] == "inference" and row["peak_memory_mib"] < train_memory[row["op"]]
+
+
+def test_an_interrupted_sweep_keeps_its_points_and_summarises_them(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during the second point: the first is on disk, summarised, and the output said k/N."""
+    from ssog.bench import sweep
+
+    calls = []
+
+    def timing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return time_interleaved(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "time_interleaved", timing)
+    args = ["bench", *CLI_TINY, "--resolutions", "4", "--batch-sizes", "1", "2", "--no-plots"]
+    assert main([*args, "--output", str(tmp_path)]) == 130
+    out, err = capsys.readouterr()
+    assert "1/2: vit micro, 4 px, batch 1 done" in out and "2/2" not in out
+    assert "Interrupted after 1 of 2 points" in err and "ssog bench: interrupted" in err
+    results = BenchResults.load(tmp_path)
+    assert not results.complete
+    assert [(row["op"], row["batch_size"], row["status"]) for row in results.rows] == [
+        ("mha", 1, "ok"), ("ssog", 1, "ok")
+    ]
+    with (tmp_path / "results.csv").open() as handle:
+        assert [row["batch_size"] for row in csv.DictReader(handle)] == ["1", "1"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("Interrupted after 1 of 2 points") and "| vit | micro | 4 | 17 | 1 |" in summary

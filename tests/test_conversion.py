@@ -2,12 +2,14 @@
 same conversion of attention weights on their way into an SSoG model (``--init-from``)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import timm
 import torch
 
 import ssog
-from ssog.conversion import ConvertedAttention
+from ssog import SSoGAttention
 
 
 def _converted(name: str, **kwargs):
@@ -26,7 +28,7 @@ def _converted(name: str, **kwargs):
 def test_convert_keeps_every_weight_that_applies(name, kwargs, prefix):
     model, before = _converted(name, **kwargs)
     mixers = [block.attn for block in model.blocks]
-    assert all(isinstance(m, ConvertedAttention) and m.num_prefix_tokens == prefix for m in mixers)
+    assert all(isinstance(m, SSoGAttention) and m.num_prefix_tokens == prefix for m in mixers)
     after = model.state_dict()
     dim = model.embed_dim
     for i in range(len(mixers)):
@@ -57,6 +59,68 @@ def test_prefix_tokens_as_the_operator_defines_them():
     assert torch.all(matrix[:, :, :, :2] == 0)  # no query reads a prefix token
 
 
+def _small_vit(**kwargs):
+    """A 2-block width-32 timm ViT on 32 px images of 8 px patches (a 4x4 grid)."""
+    torch.manual_seed(0)
+    args = dict(pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    return timm.create_model("vit_tiny_patch16_224", **{**args, **kwargs})
+
+
+def _kernel_gradients(model):
+    """Summed |gradient| of each block's kernel parameters after one backward pass."""
+    model(torch.randn(2, 3, 32, 32)).logsumexp(-1).sum().backward()
+    grads = []
+    for block in model.blocks:
+        params = (block.attn.mu, block.attn.rho, block.attn.logits)
+        grads.append(sum(0.0 if p.grad is None else p.grad.abs().sum().item() for p in params))
+    return grads
+
+
+def test_class_token_pooling_trains_no_last_kernel_and_says_so(ssog_log):
+    model = ssog.convert(_small_vit(), num_atoms=2)
+    [warning] = [r for r in ssog_log.records if r.name == "ssog.conversion"]
+    assert warning.levelname == "WARNING"
+    message = warning.getMessage()
+    assert "vit_tiny_patch16_224" in message and "last block's kernels get no gradient" in message
+    assert "global_pool='avg'" in message
+    first, last = _kernel_gradients(model)
+    assert first > 0 and last == 0
+
+
+def test_convert_can_pool_the_patches_instead(ssog_log):
+    vit = _small_vit()
+    head = vit.head.weight.detach().clone()
+    model = ssog.convert(vit, num_atoms=2, global_pool="avg")
+    assert not [r for r in ssog_log.records if r.name == "ssog.conversion"]
+    assert model.global_pool == "avg" and torch.equal(model.head.weight, head)  # the head is kept
+    assert all(grad > 0 for grad in _kernel_gradients(model))
+
+
+def test_convert_pools_only_where_the_head_follows_global_pool():
+    with pytest.raises(ValueError, match="expected None or one of"):
+        ssog.convert(_small_vit(), global_pool="token")
+    distilled = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, depth=1)
+    with pytest.raises(ValueError, match="reads its class and distillation tokens"):
+        ssog.convert(distilled, global_pool="avg")
+
+
+def test_converted_copies_take_their_grid_from_their_own_images():
+    """The grid hook of a deep copy (an EMA model) sets the copy's mixers, on a non-square grid."""
+    model = ssog.convert(_small_vit(img_size=(32, 48), global_pool="avg"), num_atoms=2).eval()
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        torch.testing.assert_close(copied(torch.ones(1, 3, 32, 48)), model(torch.ones(1, 3, 32, 48)))
+    assert copied.blocks[0].attn.grid_size == (4, 6)
+
+
+def test_convert_keeps_a_scale_norm():
+    vit = _small_vit(scale_attn_norm=True, global_pool="avg")
+    norm = vit.blocks[0].attn.norm
+    model = ssog.convert(vit)
+    assert model.blocks[0].attn.norm is norm
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
 def test_convert_rejects_what_it_cannot_keep():
     with pytest.raises(ValueError, match="takes a timm VisionTransformer"):
         ssog.convert(torch.nn.Linear(2, 2))
@@ -74,7 +138,7 @@ def test_init_from_timm_builds_the_converted_model():
     assert cfg.model == "vit_tiny_patch16_224"  # what logs, summary.json and config.yaml name
     model = build_model(cfg, num_classes=4, in_chans=3, img_size=32)
     assert type(model).__name__ == "VisionTransformer" and model.num_classes == 4
-    assert all(isinstance(block.attn, ConvertedAttention) and block.attn.num_atoms == 2 for block in model.blocks)
+    assert all(isinstance(block.attn, SSoGAttention) and block.attn.num_atoms == 2 for block in model.blocks)
     with pytest.raises(ValueError, match="model 'ssog_vit_tiny_patch4_32' would be ignored; leave model unset"):
         TrainConfig(model="ssog_vit_tiny_patch4_32", init_from="timm:vit_tiny_patch16_224")
     bad = TrainConfig(init_from="timm:no_such_vit", dataset="synthetic")

@@ -264,6 +264,7 @@ def test_layers_run_on_cuda(layer_class):
         (dict(kernel_scale=0.0), "kernel_scale"),
         (dict(kernel_scale=(1.0, 2.0, 3.0)), "kernel_scale"),
         (dict(kernel_scale=float("nan")), "kernel_scale"),
+        (dict(qk_norm=True), "qk_norm normalises the query tokens that steer"),
     ],
 )
 def test_bad_construction_raises_value_error(kwargs, message):
@@ -286,3 +287,74 @@ def test_bad_tokens_raise_value_error(layer_class):
         layer(x, 30)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         layer_class(DIM, 5)
+
+
+# --------------------------------------------------------------------- timm's attn_layer
+
+
+def _timm_vit(attn_layer, **kwargs):
+    """A 2-block width-32 timm ViT on 32 px images of 8 px patches (a 4x4 grid), ``attn_layer`` its attention."""
+    import timm
+
+    torch.manual_seed(0)
+    args = dict(pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    return timm.create_model("vit_tiny_patch16_224", attn_layer=attn_layer, **{**args, **kwargs})
+
+
+def test_timm_builds_a_vit_on_ssog_attention():
+    model = _timm_vit(SSoGAttention, global_pool="avg")
+    assert all(type(block.attn) is SSoGAttention and block.attn.num_prefix_tokens == 1 for block in model.blocks)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert all(block.attn.mu.grad.abs().sum() > 0 for block in model.blocks)
+
+
+def test_timm_attention_arguments_are_honoured():
+    from timm.layers import LayerNorm
+
+    layer = SSoGAttention.configured(num_prefix_tokens=0, steer=("mu",), steer_gate_init=0.0, num_atoms=2)
+    model = _timm_vit(layer, class_token=False, global_pool="avg", qkv_bias=False, proj_bias=False, qk_norm=True,
+                      scale_attn_norm=True, attn_drop_rate=0.25, proj_drop_rate=0.5)
+    attn = model.blocks[0].attn
+    assert isinstance(attn, SSoGAttention) and (attn.num_prefix_tokens, attn.num_atoms, attn.steer) == (0, 2, ("mu",))
+    assert attn.v.bias is None and attn.proj.bias is None
+    assert type(attn.q_norm) is LayerNorm and type(attn.norm) is LayerNorm  # timm's ViT's norm_layer
+    assert (attn.attn_drop.p, attn.proj_drop.p) == (0.25, 0.5)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert attn.q_norm.weight.grad.abs().sum() > 0 and attn.norm.weight.grad.abs().sum() > 0
+    # Attention dropout drops entries of the mixing matrix in training only.
+    attn.proj_drop.p = 0.0
+    x = tokens(prefix=0, grid=(4, 4), dtype=torch.float32)[..., :32]
+    torch.manual_seed(1)
+    first, second = attn(x), attn(x)
+    assert not torch.allclose(first, second)
+    attn.eval()
+    kept = attn.attn_drop.p
+    attn.attn_drop.p = 0.0
+    expected = attn(x)
+    attn.attn_drop.p = kept
+    torch.testing.assert_close(attn(x), expected)
+
+
+def test_the_grid_is_found_or_its_need_named():
+    layer = SSoGAttention(DIM, HEADS).double()
+    x = tokens(grid=(6, 6))
+    torch.testing.assert_close(layer(x), layer(x, (6, 6)))  # a square after the class token
+    layer.grid_size = GRID  # as ssog.convert sets it from each image
+    torch.testing.assert_close(layer(tokens()), layer(tokens(), GRID))
+    layer.grid_size = None
+    with pytest.raises(ValueError, match=r"31 tokens less num_prefix_tokens=1 are not a square grid.*grid_size="
+                                         r".*configured\(num_prefix_tokens=\.\.\.\)"):
+        layer(tokens())
+    with pytest.raises(ValueError, match="takes no attention mask"):
+        layer(x, attn_mask=torch.ones(37, 37, dtype=torch.bool))
+    with pytest.raises(ValueError, match="not a square grid"):
+        _timm_vit(SSoGAttention, class_token=False, global_pool="avg")(torch.randn(1, 3, 32, 32))
+
+
+def test_configured_sets_defaults_that_arguments_override():
+    layer_class = SSoGAttention.configured(num_atoms=2, qkv_bias=False)
+    assert issubclass(layer_class, SSoGAttention)
+    assert layer_class(DIM, HEADS).num_atoms == 2 and layer_class(DIM, HEADS).v.bias is None
+    assert layer_class(DIM, HEADS, qkv_bias=True).v.bias is not None
+    with pytest.raises(TypeError, match="not \\['heads'\\]"):
+        SSoGAttention.configured(heads=2)

@@ -1,50 +1,58 @@
 """Turn a timm VisionTransformer into an SSoG ViT, keeping every weight that still applies.
 
-:func:`convert` replaces each block's self-attention with :class:`ConvertedAttention` (an
-:class:`~ssog.layers.SSoGAttention` called as timm's blocks call attention). SSoG has a
-value and an output projection but no query or key, so it keeps the value slice of ``qkv``
-and ``proj``; the query/key slices (and ``q_norm``/``k_norm``) are dropped. Everything else
-(patch and position embedding, class/register/distillation tokens, norms, MLPs, heads) is
-untouched. Prefix tokens follow docs/operator.md: patch queries never read them, a prefix
-query's output is the mean of the patch values.
+:func:`convert` replaces each block's self-attention with an :class:`~ssog.layers.SSoGAttention`
+(which takes timm's attention call ``attn(x, attn_mask=None)``). SSoG has a value and an
+output projection but no query or key, so it keeps the value slice of ``qkv`` and ``proj``;
+the query/key slices (and ``q_norm``/``k_norm``) are dropped. Everything else (patch and
+position embedding, class/register/distillation tokens, norms, MLPs, heads) is untouched.
+Prefix tokens follow docs/operator.md: patch queries never read them, a prefix query's
+output is the mean of the patch values, so a model pooled by its class token trains no
+kernel of its last block (:func:`convert` warns, and ``global_pool="avg"`` pools the patches).
 
 :func:`convert_state_dict` does the same to weights on their way into an SSoG model of the
 source's layout (``ssog train --init-from`` an MHA checkpoint or timm ViT weights file).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from .layers import SSoGAttention, kernel_scale_for_grid, named_mixers
 
-__all__ = ["ConvertedAttention", "convert", "convert_state_dict"]
+__all__ = ["PATCH_POOLS", "convert", "convert_state_dict"]
+
+logger = logging.getLogger(__name__)
+
+#: timm's ``global_pool`` values that :func:`convert` can switch a model to: poolings of the
+#: patch tokens that need no new module (``"token"``: the class token's output).
+PATCH_POOLS = ("avg", "avgmax", "max")
 
 
-class ConvertedAttention(SSoGAttention):
-    """``SSoGAttention`` with timm's attention call ``attn(x, attn_mask=None)``.
+class _GridFromImages:
+    """``patch_embed``'s forward pre-hook that sets the token grid of ``mixers`` from each
+    image batch ``(B, C, H, W)``: ``(H // patch_h, W // patch_w)``.
 
-    The token grid is not an argument there: :func:`convert` sets :attr:`grid_size` from
-    each input image before the blocks run (a forward pre-hook on ``patch_embed``).
+    An object rather than a closure, so that ``copy.deepcopy`` of the model (an EMA copy)
+    copies the mixers it sets with the model's, and ``torch.save`` can pickle it.
     """
 
-    grid_size: tuple[int, int] | None = None
+    def __init__(self, mixers: Sequence[SSoGAttention]) -> None:
+        self.mixers = list(mixers)
 
-    def forward(
-        self, x: Tensor, grid_size: tuple[int, int] | None = None, attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-    ) -> Tensor:
-        if attn_mask is not None or is_causal:
-            raise ValueError("SSoG mixes by position and takes no attention mask")
-        grid = grid_size if grid_size is not None else self.grid_size
-        if grid is None:
-            raise ValueError("the token grid is unknown: run the converted model, or pass grid_size=(Hg, Wg)")
-        return super().forward(x, grid)
+    def __call__(self, patch_embed: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        height, width = inputs[0].shape[-2:]
+        patch_h, patch_w = patch_embed.patch_size
+        for mixer in self.mixers:
+            mixer.grid_size = (height // patch_h, width // patch_w)
 
 
-def convert(model: nn.Module, kernel_units: str = "image", **ssog_options: Any) -> nn.Module:
+def convert(
+    model: nn.Module, kernel_units: str = "image", global_pool: str | None = None, **ssog_options: Any
+) -> nn.Module:
     """Replace every attention of the timm ``VisionTransformer`` ``model`` by SSoG, in place.
 
     Args:
@@ -53,12 +61,19 @@ def convert(model: nn.Module, kernel_units: str = "image", **ssog_options: Any) 
         kernel_units: ``"image"``: the initial kernel lengths are scaled by the model's token
             grid over 8, as in the ssog models (``kernel_units`` of
             :class:`~ssog.models._base.ViTBase`); ``"tokens"``: as given.
+        global_pool: ``None``: keep the model's pooling; one of :data:`PATCH_POOLS`
+            (``"avg"``: the mean of the patch tokens, the pooling of the ssog models): pool
+            the patches instead of the class token, keeping the head's weights (timm's
+            ``reset_classifier`` with the head kept). With class-token pooling only the class
+            token's output of the last block reaches the loss, and it reads the mean of the
+            patch values, so the last block's kernels get no gradient: a warning says so.
         **ssog_options: :class:`~ssog.layers.SSoGAttention` options (``num_atoms``,
             ``sigma_min``, ``steer``, ``centre_init``, ...).
 
     Returns:
-        ``model``, its attentions now :class:`ConvertedAttention` with the value slice of
-        ``qkv`` and the output projection copied; everything else keeps its weights.
+        ``model``, its attentions now :class:`~ssog.layers.SSoGAttention` with the value slice
+        of ``qkv`` and the output projection (and a ``scale_norm``) copied; everything else
+        keeps its weights. The token grid comes from each image (:class:`_GridFromImages`).
     """
     blocks = getattr(model, "blocks", None)
     patch_embed = getattr(model, "patch_embed", None)
@@ -66,20 +81,51 @@ def convert(model: nn.Module, kernel_units: str = "image", **ssog_options: Any) 
         raise ValueError(f"convert() takes a timm VisionTransformer (blocks, patch_embed), got {type(model).__name__}")
     if getattr(model, "dynamic_img_size", False):
         raise ValueError("convert() needs a fixed token grid: build the timm model with dynamic_img_size=False")
+    if global_pool is not None:
+        _pool_patches(model, global_pool)
     ssog_options = {"kernel_scale": kernel_scale_for_grid(patch_embed.grid_size, kernel_units), **ssog_options}
     mixers = []
     for index, block in enumerate(blocks):
         mixers.append(_convert_attention(block.attn, model.num_prefix_tokens, f"blocks.{index}.attn", ssog_options))
         block.attn = mixers[-1]
-
-    def set_grid(_: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-        height, width = inputs[0].shape[-2:]
-        patch_h, patch_w = patch_embed.patch_size
-        for mixer in mixers:
-            mixer.grid_size = (height // patch_h, width // patch_w)
-
-    patch_embed.register_forward_pre_hook(set_grid)
+    patch_embed.register_forward_pre_hook(_GridFromImages(mixers))
+    if getattr(model, "global_pool", None) == "token":
+        fix = ("convert it with global_pool='avg' to pool the patches" if _pools_as_told(model) else
+               "its head reads its prefix tokens whatever global_pool says: fine-tune a model that pools patches")
+        logger.warning(
+            "%s converted to SSoG pools by its class token, so its last block's kernels get no gradient: only "
+            "the class token's output of the last block reaches the loss, and SSoG mixes only patch tokens (a "
+            "class token reads the mean of the patch values); %s (docs/models.md, \"Converting a timm ViT\")",
+            _model_name(model), fix,
+        )
     return model
+
+
+def _model_name(model: nn.Module) -> str:
+    """timm's name of ``model`` (its ``pretrained_cfg``'s architecture), else its class name."""
+    config = getattr(model, "pretrained_cfg", None) or {}
+    return config.get("architecture") or type(model).__name__
+
+
+def _pool_patches(model: nn.Module, global_pool: str) -> None:
+    """Switch ``model`` to the patch pooling ``global_pool``, keeping its head."""
+    if global_pool not in PATCH_POOLS:
+        raise ValueError(f"convert(global_pool={global_pool!r}): expected None or one of {PATCH_POOLS}")
+    if not _pools_as_told(model):
+        raise ValueError(
+            f"convert(global_pool={global_pool!r}): {_model_name(model)} ({type(model).__name__}) chooses its "
+            "pooled tokens itself (a distilled DeiT reads its class and distillation tokens); convert it "
+            "without global_pool"
+        )
+    head = model.head
+    model.reset_classifier(model.num_classes, global_pool=global_pool)
+    model.head = head
+
+
+def _pools_as_told(model: nn.Module) -> bool:
+    """Whether ``model``'s head pools as its ``global_pool`` says (timm's ViT's own head; a
+    distilled DeiT's reads its class and distillation tokens, whatever the setting)."""
+    return isinstance(model, VisionTransformer) and type(model).forward_head is VisionTransformer.forward_head
 
 
 def convert_state_dict(
@@ -134,19 +180,20 @@ def _ssog_projections(attention: Mapping[str, Tensor], dim: int, name: str) -> d
 
 def _convert_attention(
     attn: nn.Module, num_prefix_tokens: int, name: str, options: dict[str, Any]
-) -> ConvertedAttention:
+) -> SSoGAttention:
     qkv, proj = getattr(attn, "qkv", None), getattr(attn, "proj", None)
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear):
         raise ValueError(f"{name} ({type(attn).__name__}) has no fused qkv and proj Linear layers to convert")
-    if not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity):
-        raise ValueError(f"{name} normalises its attention output (scale_norm), which SSoG cannot keep")
+    if getattr(attn, "gate", None) is not None:
+        raise ValueError(f"{name} gates its attention output by the query tokens, which SSoG cannot keep")
     dim = proj.in_features
     weights = {f"{layer}.{k}": v for layer in ("qkv", "proj") for k, v in getattr(attn, layer).state_dict().items()}
     projections = _ssog_projections(weights, dim, name)
-    mixer = ConvertedAttention(
+    mixer = SSoGAttention(
         dim, attn.num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv.bias is not None,
         proj_drop=getattr(attn.proj_drop, "p", 0.0), device=qkv.weight.device, dtype=qkv.weight.dtype,
         **options,
     )
     mixer.load_state_dict(projections, strict=False)  # the kernel parameters keep their initialisation
+    mixer.norm = getattr(attn, "norm", mixer.norm)  # timm's scale_norm: the mixed tokens' norm before proj
     return mixer

@@ -1,8 +1,8 @@
 """Benchmark results: rows of measurements plus the environment they were taken in.
 
-Saved side by side as ``results.json`` (environment, configuration and rows; what
-``ssog bench --plot`` reads back) and ``results.csv`` (the rows only, one per measured or
-skipped point, for spreadsheets and pandas).
+Saved side by side as ``results.json`` (environment, configuration, rows, and whether the
+sweep finished; what ``ssog bench --plot`` reads back) and ``results.csv`` (the rows only,
+one per measured or skipped point, for spreadsheets and pandas).
 """
 from __future__ import annotations
 
@@ -88,11 +88,14 @@ class BenchResults:
     """One model sweep: environment, configuration and rows.
 
     Each row is a flat dict with the same keys in the same order (the CSV columns).
+    ``complete`` is false while a sweep runs and after it was interrupted: the rows are
+    those of the points measured so far (files written before it existed say true).
     """
 
     environment: dict[str, Any]
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
+    complete: bool = True
 
     @property
     def columns(self) -> list[str]:
@@ -110,6 +113,7 @@ class BenchResults:
             "environment": self.environment,
             "config": self.config,
             "rows": self.rows,
+            "complete": self.complete,
         }
         buffer = io.StringIO(newline="")
         writer = csv.DictWriter(buffer, fieldnames=self.columns)
@@ -132,6 +136,6 @@ class BenchResults:
             )
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
-            return cls(payload["environment"], payload["config"], payload["rows"])
+            return cls(payload["environment"], payload["config"], payload["rows"], payload.get("complete", True))
         except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise ValueError(f"{path} is not a benchmark results file written by 'ssog bench': {error}") from error

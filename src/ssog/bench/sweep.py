@@ -20,6 +20,12 @@ set to ``None`` after each step, so their memory counts in the step's peak; the 
 state counts as resident). Both use autocast for fp16/bf16 (parameters and inputs stay
 fp32, as in the paper; no loss scaling).
 
+Progress: after each (family, size, resolution, batch size), its rows of every op are
+passed to ``on_row``, written to ``output`` (``results.json`` and ``results.csv`` rewritten
+whole, atomically, with ``complete: false`` until the last one), and an information line
+counts ``k/N`` of them with the time left, estimated from those done. An interrupted sweep
+(Ctrl-C) thus leaves every finished one on disk.
+
 Out of memory (Fig. 5 semantics): a curve is one (family, op, size, batch size) over
 increasing resolution. The first resolution that runs out of memory is recorded with
 status ``"oom"``; every larger resolution of that curve is recorded as ``"skipped"`` and
@@ -28,7 +34,10 @@ not run.
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import re
+import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, Callable, Iterator, Mapping
@@ -51,8 +60,11 @@ __all__ = [
     "PRESETS",
     "SweepConfig",
     "model_name",
+    "planned_points",
     "run_model_sweep",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Paper order of Fig. 5's rows: continuous (ODE-ViT), discrete (ViT), looped (bViT).
 FAMILIES = ("odevit", "vit", "loopvit")
@@ -213,6 +225,18 @@ def _groups(config: SweepConfig) -> Iterator[tuple[str, str, int, tuple[int, ...
                 yield family, size, largest, (width_batch,)
 
 
+def planned_points(config: SweepConfig) -> int:
+    """How many (family, size, resolution, batch size) ``config`` measures, each for every op."""
+    return sum(len(batch_sizes) for *_, batch_sizes in _groups(config))
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` for a person: ``"42 s"``, ``"7.5 min"``, ``"2.1 h"``."""
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 6000 else f"{seconds / 3600:.1f} h"
+
+
 def _measure(
     models: Mapping[str, nn.Module],
     images: torch.Tensor,
@@ -280,13 +304,21 @@ def _measure(
 def run_model_sweep(
     config: SweepConfig,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    output: str | os.PathLike | None = None,
 ) -> BenchResults:
-    """Measure every point of ``config``; ``on_row`` sees each row as soon as it is done."""
+    """Measure every point of ``config``; ``on_row`` sees each row as soon as it is done, and
+    ``output`` (a directory), if given, holds ``results.json`` and ``results.csv`` of the
+    rows so far from the start (``complete`` once the sweep ends)."""
     config.validate()
     device = resolve_device(config.device)
     dtype = config.dtype if config.dtype != "auto" else ("fp16" if device.type == "cuda" else "fp32")
-    results = BenchResults(environment(device, dtype), replace(config, dtype=dtype).to_dict())
+    results = BenchResults(environment(device, dtype), replace(config, dtype=dtype).to_dict(), complete=False)
+    if output is not None:
+        results.save(output)
     out_of_memory: set[tuple[str, str, str, int]] = set()
+    planned, done, start = planned_points(config), 0, time.perf_counter()
+    logger.info("measuring %d points (family, size, resolution, batch size), each for %s, on %s", planned,
+                " and ".join(config.ops), device)
 
     for family, size, resolution, batch_sizes in _groups(config):
         ops = [op for op in config.ops if any((family, op, size, b) not in out_of_memory for b in batch_sizes)]
@@ -330,6 +362,13 @@ def run_model_sweep(
                 results.rows.append(row)
                 if on_row is not None:
                     on_row(row)
+            done += 1
+            results.complete = done == planned
+            if output is not None:
+                results.save(output)
+            elapsed = time.perf_counter() - start
+            logger.info("%d/%d: %s %s, %d px, batch %d done; %s so far, about %s left", done, planned, family, size,
+                        resolution, batch, _duration(elapsed), _duration(elapsed / done * (planned - done)))
         del models
         _release(device)
     return results

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="model throughput and peak memory vs resolution, batch size and width (Fig. 1, 4, 5)",
         description=(
             "Sweep family x op x resolution x batch size with randomly initialised models "
-            "and write results.json, results.csv, summary.md and the figures (PNG and PDF). "
+            "and write results.json, results.csv, summary.md and the figures (PNG and PDF); results.json and "
+            "results.csv grow point by point, and an interrupted sweep (Ctrl-C) keeps its points and summary. "
             "Options override the chosen preset. The token mixer alone (Table 3) is 'ssog bench-op'."
         ),
     )
@@ -67,13 +69,26 @@ def _print_row(row: dict[str, Any]) -> None:
     print(f"{where}: {row['images_per_s']:.2f} img/s, {row['peak_memory_mib']:.1f} MiB", flush=True)
 
 
+def _summarise_interrupted(output: Path, planned: int) -> None:
+    """Write ``summary.md`` of the points an interrupted sweep left in ``output``, saying so there and on stderr."""
+    from ssog.bench.report import comparison_table, paired_points
+    from ssog.bench.results import BenchResults
+    from ssog.files import write_atomic
+
+    results = BenchResults.load(output)
+    note = (f"Interrupted after {len(paired_points(results.rows))} of {planned} points: summary.md, results.json "
+            f"(complete: false) and results.csv hold those measured; 'ssog bench --plot {output}' draws them.")
+    write_atomic(output / SUMMARY_NAME, f"{note}\n\n{comparison_table(results.rows)}")
+    print(f"ssog bench: {note}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ssog.bench.plots import FIGURES, plot_results
     from ssog.bench.report import comparison_table
     from ssog.bench.results import CSV_NAME, JSON_NAME, BenchResults
-    from ssog.bench.sweep import run_model_sweep
+    from ssog.bench.sweep import planned_points, run_model_sweep
     from ssog.files import clear_results, write_atomic
     from ssog.runtime import check_plotting
 
@@ -103,8 +118,13 @@ def run(args: argparse.Namespace) -> int:
     figures = [f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "pdf")]
     clear_results(output, [JSON_NAME, CSV_NAME, SUMMARY_NAME, *figures], overwrite=args.overwrite, what="ssog bench")
 
-    results = run_model_sweep(config, on_row=_print_row)
-    paths = results.save(output)
+    try:
+        results = run_model_sweep(config, on_row=_print_row, output=output)
+    except KeyboardInterrupt:
+        if (output / JSON_NAME).is_file():  # the sweep wrote each point as it came
+            _summarise_interrupted(output, planned_points(config))
+        raise
+    paths = [output / JSON_NAME, output / CSV_NAME]
     table = comparison_table(results.rows)
     paths.append(write_atomic(output / SUMMARY_NAME, table))
     print(table)

@@ -2,8 +2,9 @@
 "Definition")."""
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from ..ops.capture import capturing_graph
 from ..ops.checks import check_mixer_options, check_steer, check_tokens
 from ..ops.functional import choose_backend, forced_backend_name, mix_unchecked
 from ..ops.registry import check_backend
-from ._tokens import prefix_mean_rows, refuse_torchscript
+from ._tokens import prefix_mean_rows, refuse_torchscript, square_grid
 
 STEERABLE = ("mu", "sigma", "lambda")
 #: The key of each steered parameter in ``steer_proj`` / ``steer_gate``: its name, but for
@@ -157,7 +158,13 @@ class SSoGAttention(nn.Module):
     (``-8``: cold, the layer starts as the fixed operator) and ``M = steer_radius`` tokens.
 
     Prefix tokens (CLS, registers): patch queries never read them; a prefix query's output
-    is the mean of the patch values.
+    is the mean of the patch values. So in a model that pools by its class token, the last
+    layer's kernels get no gradient (only its class token reaches the loss): pool by average
+    (docs/models.md, "Converting a timm ViT").
+
+    As timm's ``attn_layer`` (``VisionTransformer(attn_layer=SSoGAttention)``) the layer
+    takes timm ``Attention``'s arguments and call ``attn(x, attn_mask=None)``, and finds the
+    grid itself (:meth:`forward`); :meth:`configured` gives it other defaults.
 
     Args:
         dim: token width ``D``; num_heads: ``H`` (must divide ``D``); num_atoms: ``R``.
@@ -166,6 +173,14 @@ class SSoGAttention(nn.Module):
         kernel_scale: multiplies the initial centres and widths and ``steer_radius``, per
             axis ``(y, x)``; ``1``: the lengths as given, in tokens.
         qkv_bias: bias of the value projection (named for drop-in use with timm blocks).
+        proj_bias: bias of the output projection. proj_drop: dropout after it.
+        qk_norm: normalise (``norm_layer(dim)``, ``q_norm``) the query tokens that steer the
+            kernels; SSoG has no key, and without steering no query (then an error).
+        scale_norm: normalise (``norm_layer(dim)``, ``norm``) the mixed tokens before ``proj``.
+        attn_drop: dropout of the patch-to-patch mixing weights ``A`` in training; the layer
+            then builds ``A (B, H, N, N)`` densely, as attention would.
+        norm_layer: the normalisation of ``qk_norm`` and ``scale_norm`` (``nn.LayerNorm`` if
+            ``None``).
         device, dtype: where and in which dtype the parameters are created (timm's factory
             arguments; ``device="meta"`` allocates nothing).
     """
@@ -187,6 +202,11 @@ class SSoGAttention(nn.Module):
         centre_radius: float = 2.0,
         width_init: str = "ladder",
         kernel_scale: float | tuple[float, float] = 1.0,
+        proj_bias: bool = True,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        attn_drop: float = 0.0,
+        norm_layer: Callable[..., nn.Module] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -207,8 +227,17 @@ class SSoGAttention(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.backend = backend
 
+        if qk_norm and not self.steer:
+            raise ValueError(
+                "qk_norm normalises the query tokens that steer the kernels, and this layer steers none: SSoG "
+                f"has no key, and without steering no query; use qk_norm=False or steer some of {STEERABLE}"
+            )
+        norm_layer = norm_layer or nn.LayerNorm
         self.v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
-        self.proj = nn.Linear(dim, dim, **dd)
+        self.q_norm = norm_layer(dim, **dd) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
         scale_yx = torch.tensor(scale, dtype=torch.float32)
@@ -234,6 +263,22 @@ class SSoGAttention(nn.Module):
         # (key, A) of the last fixed mixing matrix built without gradients: see _inference_matrix.
         self._matrix_cache: tuple[tuple, Tensor] | None = None
 
+    @classmethod
+    def configured(cls, **options: Any) -> type[SSoGAttention]:
+        """A subclass whose constructor takes ``options`` as its defaults (arguments given at
+        the call override them, as with ``functools.partial``): timm's ``attn_layer``, which
+        must be a class (timm checks it with ``issubclass``), with SSoG's options, e.g.
+        ``SSoGAttention.configured(num_prefix_tokens=0, steer=("mu",))``."""
+        options_known = set(inspect.signature(cls).parameters) - {"dim", "num_heads"}
+        unknown = sorted(set(options) - options_known)
+        if unknown:
+            raise TypeError(f"{cls.__name__}.configured() takes constructor options, not {unknown}")
+
+        def __init__(self: SSoGAttention, dim: int, num_heads: int, **kwargs: Any) -> None:
+            cls.__init__(self, dim, num_heads, **{**options, **kwargs})
+
+        return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": f"{cls.__name__} with defaults {options}"})
+
     # ------------------------------------------------------------------ parameters
     def sigma(self) -> Tensor:
         """Fixed widths ``(H, R, 2)`` in tokens."""
@@ -252,7 +297,7 @@ class SSoGAttention(nn.Module):
         return {"mu": self.mu, "sigma": self.sigma(), "weight": self.weight()}
 
     def mixture(self, patches: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Mixture parameters, fixed or steered by the patch tokens ``(B, N, D)``.
+        """Mixture parameters, fixed or steered by the patch tokens ``(B, N, D)`` (through ``q_norm``).
 
         Returns ``mu, sigma`` ``(H, R, 2)`` and ``weight (H, R)`` without steering, else
         ``(B, H, N, R, 2)`` and ``(B, H, N, R)``.
@@ -261,6 +306,7 @@ class SSoGAttention(nn.Module):
             return self.mu, self.sigma(), self.weight()
         if patches is None:
             raise ValueError("a steered SSoGAttention needs the patch tokens to compute its mixture")
+        patches = self.q_norm(patches)
         batch, n, _ = patches.shape
         heads, atoms = self.num_heads, self.num_atoms
 
@@ -305,8 +351,20 @@ class SSoGAttention(nn.Module):
     # ------------------------------------------------------------------ forward
     __prepare_scriptable__ = refuse_torchscript
 
-    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        """``x (B, P + Hg*Wg, dim)`` -> same shape."""
+    #: The token grid ``(Hg, Wg)`` of calls without one (timm's ``attn(x)``); :func:`ssog.convert`
+    #: sets it from each image. ``None``: a square grid after the prefix tokens (:meth:`token_grid`).
+    grid_size: tuple[int, int] | None = None
+
+    def forward(
+        self, x: Tensor, grid_size: tuple[int, int] | None = None, attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """``x (B, P + Hg*Wg, dim)`` -> same shape, on the grid ``grid_size`` (else
+        :meth:`token_grid`'s). ``attn_mask`` and ``is_causal`` (timm's call) must be unset:
+        SSoG mixes by position."""
+        if attn_mask is not None or is_causal:
+            raise ValueError("SSoG mixes by position and takes no attention mask")
+        grid_size = self.token_grid(x, grid_size)
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
         prefix, heads, head_dim = self.num_prefix_tokens, self.num_heads, self.head_dim
         values = self.v(x).view(batch, tokens, heads, head_dim)
@@ -316,12 +374,26 @@ class SSoGAttention(nn.Module):
         matrix = self._inference_matrix(patch_values, grid_size)
         if matrix is not None:
             patch_out.copy_(apply_fixed_matrix(matrix, patch_values))
+        elif self.training and self.attn_drop.p > 0:
+            mu, sigma, weight = self.mixture(x[:, prefix:])
+            matrix = ssog_matrix(mu, sigma, weight, grid_size).expand(batch, heads, -1, -1)
+            patch_out.copy_(self.attn_drop(matrix).to(patch_values.dtype) @ patch_values)
         else:
             mu, sigma, weight = self.mixture(x[:, prefix:])
             mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend, out=patch_out)
         if prefix:
             out[:, :prefix] = patch_values.mean(dim=2).unsqueeze(1)
-        return self.proj_drop(self.proj(out.view(batch, tokens, self.dim)))
+        return self.proj_drop(self.proj(self.norm(out.view(batch, tokens, self.dim))))
+
+    def token_grid(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The grid ``(Hg, Wg)`` of the tokens ``x (B, T, dim)``: ``grid_size`` if given, else
+        :attr:`grid_size` if set, else the square grid of ``T - num_prefix_tokens`` tokens
+        (an error naming what is needed when that is not a square)."""
+        if grid_size is not None:
+            return grid_size
+        if self.grid_size is not None:
+            return self.grid_size
+        return square_grid(x.shape[1], self.num_prefix_tokens)
 
     def _inference_matrix(self, values: Tensor, grid_size: tuple[int, int]) -> Tensor | None:
         """The fixed ``A (H, N, N)`` for ``values (B, H, N, d)``, kept between calls, when the
@@ -365,8 +437,10 @@ class SSoGAttention(nn.Module):
         self._matrix_cache = None
         return super().train(mode)
 
-    def attention_matrix(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        """The row-stochastic mixing matrix ``(B, H, P+N, P+N)`` this layer applies to ``x``."""
+    def attention_matrix(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
+        """The row-stochastic mixing matrix ``(B, H, P+N, P+N)`` this layer applies to ``x``
+        (before attention dropout), on the grid of :meth:`token_grid`."""
+        grid_size = self.token_grid(x, grid_size)
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
         prefix = self.num_prefix_tokens
         mu, sigma, weight = self.mixture(x[:, prefix:])
