@@ -148,10 +148,10 @@ def test_python_datasets_of_grey_and_colour_images_train_in_colour(tmp_path, tin
     val_set = Images(_mixed(16), [i % 4 for i in range(16)])
     summary = train(tiny_config(tmp_path / "run", epochs=1), train_dataset=train_set, val_dataset=val_set)
     assert summary["steps"] == 2
-    grey_first = Images(_mixed(8, first="L"), [i % 4 for i in range(8)])
+    grey_first = Images(_mixed(8, first="L"), [i % 4 for i in range(8)], targets=True)
     _, val, info = custom_datasets(grey_first, grey_first)
     assert info.in_chans == 3 and {val[i][0].mode for i in range(8)} == {"RGB"}
-    grey = Images([image.convert("L") for image in _mixed(8)], [i % 4 for i in range(8)])
+    grey = Images([image.convert("L") for image in _mixed(8)], [i % 4 for i in range(8)], targets=True)
     _, val, info = custom_datasets(grey, grey)
     assert info.in_chans == 1 and {val[i][0].mode for i in range(8)} == {"L"}
 
@@ -211,4 +211,5 @@ def test_exif_orientation_is_applied_in_every_source(tmp_path):
     stream = build_datasets("wds/x", str(root))[0]
     assert stream.shards.decode(next(stream.shards.read(0)))[0].size == (6, 12)
     turned = Image.open(io.BytesIO(_rotated_jpeg()))
-    assert custom_datasets(Images([turned] * 4, [0, 1] * 2), Images([turned] * 2, [0, 1]))[0][0][0].size == (6, 12)
+    given = custom_datasets(Images([turned] * 4, [0, 1] * 2, targets=True), Images([turned] * 2, [0, 1]))[0]
+    assert given[0][0].size == (6, 12)
