@@ -6,10 +6,12 @@ written by the tests."""
 import io
 import json
 import logging
+import re
 from itertools import islice
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.functional import pil_to_tensor
@@ -17,6 +19,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from support import image_tree
 from ssog.data import build_datasets, evaluation_folder
 from ssog.data.custom import custom_datasets
+from ssog.data.samples import class_index
 from ssog.data.streams import StreamLoader
 from ssog.train import train
 
@@ -213,3 +216,17 @@ def test_exif_orientation_is_applied_in_every_source(tmp_path):
     turned = Image.open(io.BytesIO(_rotated_jpeg()))
     given = custom_datasets(Images([turned] * 4, [0, 1] * 2, targets=True), Images([turned] * 2, [0, 1]))[0]
     assert given[0][0].size == (6, 12)
+
+
+@pytest.mark.parametrize("label, index", [(3, 3), (np.int64(2), 2), (torch.tensor(1), 1), (np.array([0]), 0),
+                                          (b"3", 3), (" 2\n", 2), (1.0, 1)])
+def test_labels_that_are_class_indices(label, index):
+    assert class_index(label, 4, "here") == index
+
+
+@pytest.mark.parametrize("label, problem", [(2.5, "label 2.5 is not a class index"), (None, "label None is not"),
+                                            ("cat", "label 'cat' is not"), (-1, "label -1 is outside the 4 classes"),
+                                            (torch.tensor([0, 1]), "label tensor([0, 1]) is not a class index")])
+def test_labels_that_are_not(label, problem):
+    with pytest.raises(ValueError, match=f"^here: {re.escape(problem)}"):
+        class_index(label, 4, "here")
