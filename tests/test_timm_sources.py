@@ -243,6 +243,6 @@ def test_16_bit_images_of_every_source_are_scaled_not_clipped(tmp_path):
                                        "label": [0, 1]}, features=features)
     for split in ("train", "validation"):
         table.to_parquet(str(tmp_path / "bad" / "data" / f"{split}-00000-of-00001.parquet"))
-    with pytest.raises(ValueError, match=r"sample 0 of dataset hfds/.*bad split 'train': cannot decode its image "
+    with pytest.raises(ValueError, match=r"dataset hfds/.*bad split 'train', sample 0: cannot decode its image "
                                          r"\(OSError: image file is truncated\)"):
         build_datasets(f"hfds/{tmp_path / 'bad'}", str(tmp_path / "cache"), num_classes=2)

@@ -86,7 +86,8 @@ def build_datasets(
 
     ``val_split`` (a fraction or a count) splits the validation set off the training set,
     stratified and seeded by ``split_seed``; ``None`` uses the source's own validation split
-    (CIFAR's test set, ImageFolder's ``val`` folder, 20% of the digits).
+    (CIFAR's test set, ImageFolder's ``val`` or ``validation`` folder, 20% of the digits); for an
+    ImageFolder a name picks the validation folder.
 
     ImageFolder files are checked before use (:func:`~ssog.data.images.unreadable_images`): an
     unreadable one is an error naming it, or with ``skip_bad_images`` a warning naming it, and
@@ -95,12 +96,15 @@ def build_datasets(
     if is_timm_source(name):
         return timm_datasets(name, data_dir, train_split=train_split, val_split=val_split, split_seed=split_seed,
                              download=download, seed=seed, num_classes=num_classes, options=dataset_kwargs)
-    timm_only = (("val_split", isinstance(val_split, str), False), ("train_split", train_split, "train"),
+    named_split = isinstance(val_split, str) and name != "imagefolder"
+    timm_only = (("val_split", named_split, False), ("train_split", train_split, "train"),
                  ("dataset_kwargs", dataset_kwargs or {}, {}))
     for setting, value, default in timm_only:
         if value != default:
             raise ValueError(f"{setting} {'names a split' if setting == 'val_split' else 'is set'}, which only "
-                             f"timm's sources (hfds/, hfids/, wds/, tfds/, torch/) take; dataset {name!r} does not")
+                             f"timm's sources (hfds/, hfids/, wds/, tfds/, torch/) take"
+                             f"{' and imagefolder (its validation folder)' if setting == 'val_split' else ''}; "
+                             f"dataset {name!r} does not")
     if name == "digits":
         return digits_datasets(val_split, split_seed)
     if name in ("cifar10", "cifar100"):

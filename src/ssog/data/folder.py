@@ -1,5 +1,6 @@
 """ImageFolder trees (``DIR/<class>/<image>``): the scan of a folder, its images checked before
-use, the train and val folders of a data folder, and a folder to evaluate.
+use (each read through :func:`~ssog.data.samples.checked_sample`), the train and val folders of
+a data folder, and a folder to evaluate.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ssog.data.images import load_image, readable_extensions, unreadable_images
+from ssog.data.images import readable_extensions, unreadable_images
 from ssog.data.info import SOURCE_STATISTICS, DatasetInfo, shown_names, split_dataset
+from ssog.data.samples import check_first_samples, checked_sample
 
 __all__ = [
-    "IMAGEFOLDER_LAYOUT", "SPLIT_FOLDERS", "FolderScan", "scan_image_folder", "ImageFiles", "split_folder",
+    "IMAGEFOLDER_LAYOUT", "SPLIT_FOLDERS", "FolderScan", "scan_image_folder", "ImageFiles", "split_folders",
     "imagefolder_datasets", "evaluation_folder", "class_difference",
 ]
 
@@ -32,13 +34,15 @@ IMAGEFOLDER_LAYOUT = (
 @dataclass
 class FolderScan:
     """What :func:`scan_image_folder` found in ``root``: the class folders, the ``(path, class
-    index)`` samples, and what it left out: files of types PIL does not read (count per
-    extension), hidden entries (names starting with ``.``), and symlinked folders not
-    followed because they lead back into a folder already read (a loop, or a second way in)."""
+    index)`` samples, and what it left out: image files in ``root`` itself, outside any class
+    folder, files of types PIL does not read (count per extension), hidden entries (names
+    starting with ``.``), and symlinked folders not followed because they lead back into a
+    folder already read (a loop, or a second way in)."""
 
     root: Path
     classes: list[str]
     samples: list[tuple[str, int]]
+    outside_classes: list[str] = field(default_factory=list)
     unread: dict[str, int] = field(default_factory=dict)
     hidden: list[str] = field(default_factory=list)
     repeated_folders: list[str] = field(default_factory=list)
@@ -46,6 +50,10 @@ class FolderScan:
     def report(self) -> list[str]:
         """Warning messages, one per kind of entry left out (none when nothing was)."""
         lines = []
+        if self.outside_classes:
+            lines.append(f"{self.root}: ignored {len(self.outside_classes)} image file(s) outside the class folders "
+                         f"({shown_names(self.outside_classes, 3)}): an ImageFolder reads DIR/<class>/<image>; "
+                         "move them into their class folders")
         if self.repeated_folders:
             shown = "; ".join(self.repeated_folders[:3]) + ("; ..." if len(self.repeated_folders) > 3 else "")
             lines.append(f"{self.root}: did not follow {len(self.repeated_folders)} symlinked folder(s) "
@@ -80,6 +88,8 @@ def scan_image_folder(root: str | Path) -> FolderScan:
             scan.hidden.append(entry.name)
         elif entry.is_dir():
             class_dirs.append(Path(entry.path))
+        elif Path(entry.name).suffix.lower() in readable:
+            scan.outside_classes.append(entry.name)
     scan.classes = [folder.name for folder in class_dirs]
     # Every class folder is read as its own class first, so a link into it from elsewhere is a repeat.
     seen = {os.path.realpath(root): root}
@@ -114,9 +124,11 @@ def scan_image_folder(root: str | Path) -> FolderScan:
 
 
 class ImageFiles(Dataset):
-    """``(PIL RGB image, class index)`` of image files, with torchvision ImageFolder's attributes
-    (``root``, ``classes``, ``class_to_idx``, ``samples``, ``targets``). Not torchvision's class
-    itself: it scans its folder on creation, with the rules :func:`scan_image_folder` replaces."""
+    """``(PIL RGB image, class index)`` of image files, read by
+    :func:`~ssog.data.samples.checked_sample` (upright by EXIF orientation, converted by mode,
+    an error naming the file), with torchvision ImageFolder's attributes (``root``,
+    ``classes``, ``class_to_idx``, ``samples``, ``targets``). Not torchvision's class itself:
+    it scans its folder on creation, with the rules :func:`scan_image_folder` replaces."""
 
     def __init__(self, root: str | Path, classes: Sequence[str], samples: Sequence[tuple[str, int]]):
         self.root = str(root)
@@ -130,12 +142,13 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         path, target = self.samples[index]
-        return load_image(path), target
+        return checked_sample(path, target, channels=3, num_classes=len(self.classes),
+                              where=f"ImageFolder {self.root}, sample {index}, file {path}")
 
 
 def _image_folder(path: Path, skip_bad_images: bool = False) -> ImageFiles:
     """:class:`ImageFiles` of :func:`scan_image_folder`'s samples, checked by
-    :func:`unreadable_images`; every class must keep at least one image."""
+    :func:`unreadable_images` and its first ones decoded; every class must keep at least one image."""
     scan = scan_image_folder(path) if path.is_dir() else None
     if scan is None or not scan.classes:
         hidden = f" (only hidden folders: {', '.join(scan.hidden)})" if scan is not None and scan.hidden else ""
@@ -158,6 +171,7 @@ def _image_folder(path: Path, skip_bad_images: bool = False) -> ImageFiles:
         folder = ImageFiles(path, folder.classes, [s for s in folder.samples if s[0] not in skipped])
         _check_classes_have_images(path, folder.classes, folder.samples, "has no readable image left after "
                                    "--skip-bad-images left out its unreadable ones")
+    check_first_samples(folder)
     return folder
 
 
@@ -175,10 +189,38 @@ def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequ
 SPLIT_FOLDERS = {"train": ("train",), "val": ("val", "validation")}
 
 
-def split_folder(base: Path, split: str) -> Path | None:
-    """The folder of ``split`` (``train`` or ``val``) in ``base``: the first of its
-    :data:`SPLIT_FOLDERS` names that exists, else None."""
-    return next((base / name for name in SPLIT_FOLDERS[split] if (base / name).is_dir()), None)
+def split_folders(base: Path, split: str) -> list[Path]:
+    """The folders of ``split`` (``train`` or ``val``) in ``base``: those of its
+    :data:`SPLIT_FOLDERS` names that exist (more than one is for the caller to refuse)."""
+    return [base / name for name in SPLIT_FOLDERS[split] if (base / name).is_dir()]
+
+
+def _both(folders: Sequence[Path]) -> str:
+    return " and ".join(f"a {folder.name!r}" for folder in folders)
+
+
+def _found_folders(base: Path) -> list[str]:
+    return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+
+def _val_folder(base: Path, train_folder: Path, val_split: float | int | str | None) -> Path | None:
+    """The validation folder: the one ``val_split`` names, else the one of ``val``/``validation``
+    that exists (both is an error: which one is meant cannot be told); None with a numeric
+    ``val_split`` (split off the training folder) or when there is none."""
+    if isinstance(val_split, str):
+        folder = base / val_split
+        if not folder.is_dir():
+            raise ValueError(f"val_split {val_split!r} names no folder of {base} (found folders: "
+                             f"{_found_folders(base)}); expected {IMAGEFOLDER_LAYOUT}")
+        if folder.resolve() == train_folder.resolve():
+            raise ValueError(f"val_split {val_split!r} names the training folder {train_folder}; name another")
+        return folder
+    folders = split_folders(base, "val")
+    if val_split is None and len(folders) > 1:
+        raise ValueError(f"{base} has both {_both(folders)} folder; name the one to validate on: "
+                         f"{' or '.join(f'--val-split {folder.name}' for folder in folders)} (val_split in a "
+                         "recipe), or remove the other")
+    return folders[0] if folders and val_split is None else None
 
 
 def _data_folder(root: str | Path, expected: str) -> Path:
@@ -191,24 +233,27 @@ def _data_folder(root: str | Path, expected: str) -> Path:
     return base
 
 
-def imagefolder_datasets(root: str | None, val_split: float | int | None, seed: int,
+def imagefolder_datasets(root: str | None, val_split: float | int | str | None, seed: int,
                          skip_bad_images: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """The train and val folders of ``root`` (:data:`IMAGEFOLDER_LAYOUT`), or with ``val_split``
-    a split of its train folder seeded by ``seed``. Every image is checked first
-    (:func:`~ssog.data.images.unreadable_images`): an unreadable one is an error naming it, or
-    with ``skip_bad_images`` a warning naming it, and it is left out."""
+    """The train and val folders of ``root`` (:data:`IMAGEFOLDER_LAYOUT`), or with a numeric
+    ``val_split`` a split of its train folder seeded by ``seed``; a ``val_split`` that is a name
+    names the validation folder (``val`` or ``validation`` when both exist). Every image is
+    checked first (:func:`~ssog.data.images.unreadable_images`): an unreadable one is an error
+    naming it, or with ``skip_bad_images`` a warning naming it, and it is left out."""
     if root is None:
         raise ValueError(f"dataset 'imagefolder' needs data_dir; expected {IMAGEFOLDER_LAYOUT}")
     base = _data_folder(root, IMAGEFOLDER_LAYOUT)
-    train_folder, val_folder = split_folder(base, "train"), split_folder(base, "val")
-    if train_folder is None:
-        found = sorted(p.name for p in base.iterdir() if p.is_dir())
-        raise ValueError(f"{base} has no 'train' folder (found folders: {found}); expected {IMAGEFOLDER_LAYOUT}")
+    train_folders = split_folders(base, "train")
+    if not train_folders:
+        raise ValueError(f"{base} has no 'train' folder (found folders: {_found_folders(base)}); "
+                         f"expected {IMAGEFOLDER_LAYOUT}")
+    train_folder = train_folders[0]
+    val_folder = _val_folder(base, train_folder, val_split)
     train = _image_folder(train_folder, skip_bad_images)
     if len(train.classes) < 2:
         raise ValueError(f"{train_folder} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
                          f"classification needs at least 2 classes; expected {IMAGEFOLDER_LAYOUT}")
-    if val_split is not None:
+    if val_split is not None and val_folder is None:
         train_set, val_set = split_dataset(train, train.targets, val_split, seed)
     elif val_folder is not None:
         train_set, val_set = train, _image_folder(val_folder, skip_bad_images)
@@ -217,10 +262,9 @@ def imagefolder_datasets(root: str | None, val_split: float | int | None, seed: 
                              f"({class_difference(train.classes, val_set.classes)}); both splits need the same "
                              "class folders")
     else:
-        found = sorted(p.name for p in base.iterdir() if p.is_dir())
         raise ValueError(
-            f"{base} has no 'val' folder nor a 'validation' folder (found folders: {found}) and val_split is not set; "
-            f"expected {IMAGEFOLDER_LAYOUT}"
+            f"{base} has no 'val' folder nor a 'validation' folder (found folders: {_found_folders(base)}) and "
+            f"val_split is not set; expected {IMAGEFOLDER_LAYOUT}"
         )
     return train_set, val_set, _imagefolder_info(train.classes)
 
@@ -245,8 +289,12 @@ def evaluation_folder(
     """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
     ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
     base = _data_folder(root, f"DIR/<class>/<image> or DIR/{split}/<class>/<image>")
-    folder = split_folder(base, split) or base
-    if folder == base and any(split_folder(base, name) for name in SPLIT_FOLDERS):
+    folders = split_folders(base, split)
+    if len(folders) > 1:
+        raise ValueError(f"{base} has both {_both(folders)} folder; give the one to evaluate as the folder: "
+                         f"{' or '.join(f'--data-dir {folder}' for folder in folders)}")
+    folder = folders[0] if folders else base
+    if folder == base and any(split_folders(base, name) for name in SPLIT_FOLDERS):
         raise ValueError(
             f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)"
         )

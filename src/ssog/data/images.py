@@ -1,17 +1,24 @@
-"""Image files: decoding to 8-bit RGB by what a pixel mode means (:func:`to_rgb`), and cheap
-checks of a file before training reads it (:func:`image_problem`).
+"""Image files: decoding upright (EXIF orientation) to 8-bit grey or RGB by what a pixel mode
+means (:func:`decode_image`, :func:`to_channels`, :func:`to_rgb`), and cheap checks of a file
+before training reads it (:func:`image_problem`).
 """
 from __future__ import annotations
 
+import io
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 
-__all__ = ["JPEG_TAIL_BYTES", "image_problem", "unreadable_images", "load_image", "to_rgb", "readable_extensions"]
+__all__ = [
+    "JPEG_TAIL_BYTES", "GREY_MODES", "image_problem", "unreadable_images", "load_image", "decode_image",
+    "to_channels", "to_rgb", "readable_extensions",
+]
 
+#: PIL modes of grey images (one channel of levels, with or without alpha).
+GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 #: A JPEG's end-of-image marker is looked for this close to the end of the file (some
 #: writers append a few bytes after it); entropy-coded data never contains the marker.
 JPEG_TAIL_BYTES = 1024
@@ -46,14 +53,42 @@ def unreadable_images(paths: Sequence[str | Path]) -> list[tuple[str, str]]:
     return [(str(path), problem) for path, problem in zip(paths, problems) if problem is not None]
 
 
-def load_image(path: str) -> Image.Image:
-    """ImageFolder's loader (an RGB PIL image, :func:`to_rgb`), with the file named when decoding fails."""
+def load_image(path: str | Path) -> Image.Image:
+    """The image file at ``path`` as :func:`decode_image` gives it in RGB, with the file named
+    when decoding fails."""
     try:
-        with open(path, "rb") as handle:
-            return to_rgb(Image.open(handle))
+        return decode_image(path)
     except Exception as error:
         raise ValueError(f"cannot decode image {path} ({type(error).__name__}: {error}); "
                          "remove or replace the file") from error
+
+
+def decode_image(source: Image.Image | bytes | str | Path, channels: int = 3) -> Image.Image:
+    """An image (a file's path or bytes, or a PIL image) decoded now, turned upright by its
+    EXIF orientation (a camera's portrait JPEG stored sideways; PIL's ``exif_transpose``) and
+    converted to ``channels`` (:func:`to_channels`). PIL's errors pass through."""
+    if isinstance(source, Image.Image):
+        return to_channels(_upright(source), channels)
+    with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source) as image:
+        return to_channels(_upright(image), channels)  # a new image, decoded: the file can close
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """``image`` turned by its EXIF orientation tag (as is when it has none, without a copy)."""
+    if image.getexif().get(ExifTags.Base.Orientation, 1) in (0, 1):
+        return image
+    return ImageOps.exif_transpose(image)
+
+
+def to_channels(image: Image.Image, channels: int) -> Image.Image:
+    """``image`` as a new 8-bit image of ``channels``: 3, RGB by :func:`to_rgb`; 1, grey (``L``):
+    grey modes keep their levels (scaled as :func:`to_rgb` scales them, alpha dropped) and
+    colour becomes its luma (PIL's ``convert("L")``, ITU-R 601)."""
+    if channels == 3:
+        return to_rgb(image)
+    if channels != 1:
+        raise ValueError(f"images are read with 1 (grey) or 3 (RGB) channels, not {channels}")
+    return image.convert("L") if image.mode in ("1", "L", "LA", "La") else to_rgb(image).convert("L")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -11,15 +11,20 @@ stream"). timm's own iterable readers keep their shuffle state inside the loader
 a run on them can only restart an epoch: hence this reader of our own, on webdataset's tar
 iterator and datasets' shards. ``tfds/`` goes through timm's reader and resumes at the epoch's
 start.
+
+Every sample goes through :func:`~ssog.data.samples.checked_sample`, its errors naming the
+split, the shard and the sample's key; before training, every listed local shard must exist
+and the first samples of each split must decode, and an epoch longer than the shards hold is
+a warning.
 """
 from __future__ import annotations
 
-import io
 import json
+import logging
 import random
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import count
+from itertools import count, islice
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -28,13 +33,15 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from ssog.data.images import to_rgb
-from ssog.data.info import DATA_EXTRA, DatasetInfo, timm_source_info
+from ssog.data.info import DATA_EXTRA, DatasetInfo, shown_names, timm_source_info
 from ssog.data.loader import sample_seed, seeded_rngs
+from ssog.data.samples import FIRST_SAMPLES, SampleError, checked_sample
 
 __all__ = [
     "SHUFFLE_SIZE", "WdsShards", "HfShards", "ShardStream", "StreamLoader", "stream_datasets", "stream_readers",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Samples a reader holds to shuffle one shard (``dataset_kwargs.shuffle_size``).
 SHUFFLE_SIZE = 1024
@@ -55,17 +62,34 @@ def _buffered_shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> 
     yield from buffer
 
 
+def _fields(sample: Mapping[str, Any]) -> list[str]:
+    return sorted(key for key in sample if not key.startswith("__"))
+
+
+def _is_local(url: str) -> bool:
+    """Whether a shard's URL is a path here (not a URL nor a ``pipe:`` command)."""
+    return "://" not in url and not url.startswith(("pipe:", "file:"))
+
+
 @dataclass
 class WdsShards:
     """WebDataset tar shards (local paths or webdataset URLs); a sample is ``KEY.jpg|png|webp``
-    with its class in ``KEY.cls``, or in a ``KEY.json`` field named by ``target_key``."""
+    with its class in ``KEY.cls``, or in a ``KEY.json`` field named by ``target_key``.
+    ``source`` names the split in errors; ``num_classes`` bounds the labels."""
 
     urls: tuple[str, ...]
     input_key: str = "jpg;png;webp;jpeg"
     target_key: str | None = None
+    source: str = "WebDataset"
+    num_classes: int | None = None
 
     def __len__(self) -> int:
         return len(self.urls)
+
+    @property
+    def local(self) -> bool:
+        """Whether every shard is a file here (not a URL nor a ``pipe:`` command)."""
+        return all(_is_local(url) for url in self.urls)
 
     def read(self, shard: int) -> Iterator[dict[str, Any]]:
         from webdataset.tariterators import tarfile_samples
@@ -73,27 +97,46 @@ class WdsShards:
         yield from tarfile_samples([{"url": self.urls[shard]}])
 
     def decode(self, sample: dict[str, Any]) -> tuple[Image.Image, int]:
+        """``(RGB image, class index)`` by :func:`~ssog.data.samples.checked_sample`."""
+        where = f"{self.source}, shard {sample.get('__url__')}, sample {sample.get('__key__')}"
         key = next((k for k in self.input_key.split(";") if k in sample), None)
         if key is None:
-            raise ValueError(f"sample {sample.get('__key__')} of {sample.get('__url__')} has no image "
-                             f"({self.input_key.replace(';', ', ')}); it holds {sorted(sample)}")
-        if self.target_key:
-            target = json.loads(sample["json"])[self.target_key]
-        else:
-            target = sample["cls"]
-        with Image.open(io.BytesIO(sample[key])) as image:
-            return to_rgb(image), int(target)  # decoded now: the file closes
+            raise SampleError(f"{where}: no image ({self.input_key.replace(';', ', ')}); it holds {_fields(sample)}")
+        return checked_sample(sample[key], self._label(sample, where), channels=3, num_classes=self.num_classes,
+                              where=where)
+
+    def _label(self, sample: dict[str, Any], where: str) -> Any:
+        if not self.target_key:
+            if "cls" not in sample:
+                raise SampleError(f"{where}: no label (no .cls, the class index; or name a .json field with "
+                                  f"dataset_kwargs.target_key); it holds {_fields(sample)}")
+            return sample["cls"]
+        if "json" not in sample:
+            raise SampleError(f"{where}: no .json, whose field {self.target_key!r} (dataset_kwargs.target_key) is "
+                              f"the label; it holds {_fields(sample)}")
+        try:
+            fields = json.loads(sample["json"])
+        except ValueError as error:
+            raise SampleError(f"{where}: its .json is not valid JSON ({error})") from None
+        if not isinstance(fields, dict) or self.target_key not in fields:
+            found = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
+            raise SampleError(f"{where}: its .json has no field {self.target_key!r} (dataset_kwargs.target_key); "
+                              f"it has {found}")
+        return fields[self.target_key]
 
 
 @dataclass
 class HfShards:
-    """The shards (data files) of a streamed Hugging Face dataset split."""
+    """The shards (data files) of a streamed Hugging Face dataset split. ``source`` names the
+    split in errors; ``num_classes`` bounds the labels."""
 
     name: str
     root: str | None
     split: str
     input_key: str = "image"
     target_key: str = "label"
+    source: str = "Hugging Face dataset"
+    num_classes: int | None = None
 
     @cached_property
     def dataset(self):
@@ -105,17 +148,29 @@ class HfShards:
     def __len__(self) -> int:
         return self.dataset.num_shards
 
+    @property
+    def local(self) -> bool:
+        """Whether the dataset is a folder here (not one of the hub)."""
+        return Path(self.name).is_dir()
+
     def __getstate__(self) -> dict[str, Any]:  # to loader workers without the open stream
         return {k: v for k, v in self.__dict__.items() if k != "dataset"}
 
     def read(self, shard: int) -> Iterator[dict[str, Any]]:
-        yield from self.dataset.shard(num_shards=len(self), index=shard)
+        """The items of shard ``shard``, each with its place (``__shard__``, ``__index__``)."""
+        for index, item in enumerate(self.dataset.shard(num_shards=len(self), index=shard)):
+            yield {**item, "__shard__": shard, "__index__": index}
 
     def decode(self, item: dict[str, Any]) -> tuple[Image.Image, int]:
+        """``(RGB image, class index)`` by :func:`~ssog.data.samples.checked_sample`."""
+        where = f"{self.source}, shard {item.get('__shard__')}, item {item.get('__index__')}"
+        missing = [key for key in (self.input_key, self.target_key) if item.get(key) is None]
+        if missing:
+            raise SampleError(f"{where}: no {' nor '.join(map(repr, missing))} (dataset_kwargs.input_key, "
+                              f"target_key); it holds {_fields(item)}")
         image = item[self.input_key]
-        source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
-        with Image.open(source) as decoded:
-            return to_rgb(decoded), int(item[self.target_key])  # decoded now: the file closes
+        encoded = (image.get("bytes") or image.get("path")) if isinstance(image, dict) else image
+        return checked_sample(encoded, item[self.target_key], channels=3, num_classes=self.num_classes, where=where)
 
 
 class ShardStream(IterableDataset):
@@ -149,6 +204,17 @@ class ShardStream(IterableDataset):
     def set_epoch(self, epoch: int, finished: Mapping[int, int] | None = None) -> None:
         """Read epoch ``epoch``, each reader skipping the ``finished[reader]`` shards it had done."""
         self.epoch, self.finished = epoch, dict(finished or {})
+
+    def shards_of(self, reader: int, readers: int) -> int:
+        """How many shards an epoch deals to ``reader`` of ``readers``."""
+        return len(range(reader, len(self.shards), readers))
+
+    def check_first_samples(self, count: int = FIRST_SAMPLES) -> None:
+        """Decode the first ``count`` samples of the first shard where the shards are local
+        (cheap): a split whose samples do not decode or lack a label fails before training."""
+        if self.shards.local and len(self.shards):
+            for sample in islice(self.shards.read(0), count):
+                self.shards.decode(sample)
 
     def check_readers(self, readers: int) -> None:
         """A training stream needs a shard for each of its ``readers`` (processes x workers)."""
@@ -203,6 +269,7 @@ class StreamLoader:
         self.loader, self.dataset, self.batches, self.readers = loader, loader.dataset, batches, readers
         self.resumes_in_epoch = isinstance(self.dataset, ShardStream)
         self.start, self.finished = 0, {}
+        self.said_repeats = False
 
     def __len__(self) -> int:
         return self.batches - self.start
@@ -223,9 +290,22 @@ class StreamLoader:
         for _ in range(self.batches - self.start):
             images, targets, *position = next(batches)
             if position:
-                reader, finished = position
-                self.finished[int(reader[-1])] = int(finished[-1])
+                reader, finished = int(position[0][-1]), int(position[1][-1])
+                self.finished[reader] = finished
+                self._say_repeats(reader, finished)
             yield images, targets
+
+    def _say_repeats(self, reader: int, finished: int) -> None:
+        """Warn once when ``reader`` has finished a shard a second time in the epoch: the epoch
+        is longer than the shards hold (a reader short of its share by less than a shard, as
+        shards of unequal lengths leave some, is not worth a warning)."""
+        shards = self.dataset.shards_of(reader, self.readers)
+        if finished > shards and not self.said_repeats:
+            self.said_repeats = True
+            logger.warning(f"{self.dataset.shards.source}: reader {reader} of {self.readers} has read its {shards} "
+                           f"shard(s) and started them again within the epoch: num_samples ({len(self.dataset)}) is "
+                           "more than the shards hold, so samples repeat within each epoch; set num_samples "
+                           "(dataset_kwargs.num_samples, or the split's num_samples in _info.json) to what they hold")
 
     def state_dict(self) -> dict[str, Any]:
         return {"readers": self.readers, "finished": dict(self.finished)}
@@ -240,28 +320,56 @@ class StreamLoader:
         return True
 
 
-def _split_urls(root: str, split: str) -> tuple[list[str], int | None, dict[str, Any]]:
-    """timm's WebDataset split syntax: a name in ``root/_info.json`` (``splits: {name: {filenames,
-    num_samples}}``), or shard names in brace notation with ``|count`` (``train-{0000..0146}.tar|1281167``)."""
-    from webdataset.shardlists import expand_urls
+_SHARDS_SYNTAX = "NAME-{0000..0099}.tar|SAMPLES"
 
-    info: dict[str, Any] = {}
+
+def _wds_info(root: str) -> tuple[dict[str, Any], Path | None]:
+    """``root/_info.json`` (or ``info.json``) read, and its path; ``{}`` and None without one."""
     for candidate in ("_info.json", "info.json"):
         path = Path(root) / candidate
         if path.is_file():
-            info = json.loads(path.read_text())
-            break
+            try:
+                info = json.loads(path.read_text())
+            except ValueError as error:
+                raise ValueError(f"WebDataset {root}: {path} is not valid JSON ({error}); fix it, or give the "
+                                 f"shards as {_SHARDS_SYNTAX}") from None
+            if not isinstance(info, dict):
+                raise ValueError(f"WebDataset {root}: {path} holds a {type(info).__name__}, not timm's object "
+                                 '{"splits": {NAME: {"filenames": [...], "num_samples": N}}}')
+            return info, path
+    return {}, None
+
+
+def _split_urls(root: str, split: str) -> tuple[list[str], int | None, int | None, dict[str, Any]]:
+    """timm's WebDataset split syntax: a name in ``root/_info.json`` (``splits: {name: {filenames,
+    num_samples, shard_lengths}}``), or shard names in brace notation with ``|count``
+    (``train-{0000..0146}.tar|1281167``). Returns the shards' URLs, ``num_samples``, the samples
+    the shards hold (the sum of ``shard_lengths``; None when not given) and ``_info.json``.
+    A local shard that does not exist is an error."""
+    from webdataset.shardlists import expand_urls
+
+    info, path = _wds_info(root)
+    held = None
     if ".tar" in split or ".." in split:
         pattern, _, samples = split.partition("|")
-        names, num_samples = expand_urls(pattern), int(samples) if samples else None
+        names, num_samples, listing = expand_urls(pattern), int(samples) if samples else None, "the split's pattern"
     else:
         splits = info.get("splits") or {}
         if split not in splits:
             raise ValueError(f"WebDataset {root}: no split {split!r} in its _info.json (splits: {sorted(splits)}); "
-                             "name a split there, or give shards as NAME-{0000..0099}.tar|SAMPLES")
-        names, num_samples = list(splits[split]["filenames"]), splits[split].get("num_samples")
+                             f"name a split there, or give shards as {_SHARDS_SYNTAX}")
+        entry = splits[split]
+        if not isinstance(entry, dict) or not isinstance(entry.get("filenames"), list):
+            raise ValueError(f"WebDataset {root}: split {split!r} of {path} has no list of 'filenames'")
+        names, num_samples, listing = list(entry["filenames"]), entry.get("num_samples"), str(path)
+        lengths = entry.get("shard_lengths")
+        held = sum(lengths) if isinstance(lengths, list) and len(lengths) == len(names) else None
     urls = [name if "://" in name or name.startswith(("/", "pipe:")) else str(Path(root) / name) for name in names]
-    return urls, num_samples, info
+    missing = [url for url in urls if _is_local(url) and not Path(url).is_file()]
+    if missing:
+        raise ValueError(f"WebDataset {root}: {len(missing)} of the {len(urls)} shards of split {split!r} are "
+                         f"missing: {shown_names(missing, 3)} (listed by {listing})")
+    return urls, num_samples, held, info
 
 
 def _stream(name: str, root: str | None, split: str, train: bool, options: Mapping[str, Any],
@@ -277,15 +385,15 @@ def _stream(name: str, root: str | None, split: str, train: bool, options: Mappi
         base = root or source
         if not base:
             raise ValueError(f"dataset {name}: give the shards' folder as data_dir")
-        urls, num_samples, info = _split_urls(base, split)
-        shards = WdsShards(tuple(urls), **keys)
+        urls, num_samples, held, info = _split_urls(base, split)
+        shards = WdsShards(tuple(urls), **keys, source=f"dataset {name} split {split!r}")
         classes = info.get("classes") or [str(c) for c in range(num_classes or info.get("num_classes") or 0)]
     else:
         try:
             import datasets  # noqa: F401
         except ImportError:
             raise ValueError(f"dataset {name} needs the datasets package: {DATA_EXTRA}") from None
-        shards = HfShards(source, root, split, **keys)
+        shards, held = HfShards(source, root, split, **keys, source=f"dataset {name} split {split!r}"), None
         try:
             features = shards.dataset.features
         except ValueError as error:  # datasets' unknown split
@@ -297,6 +405,10 @@ def _stream(name: str, root: str | None, split: str, train: bool, options: Mappi
     if not num_samples:
         raise ValueError(f"dataset {name} split {split!r}: the number of samples is unknown; set "
                          "dataset_kwargs.num_samples (the schedule needs the steps per epoch)")
+    if train and held is not None and int(num_samples) > held:
+        logger.warning(f"dataset {name} split {split!r}: its shards hold {held} samples (_info.json shard_lengths) "
+                       f"but num_samples is {num_samples}: each epoch repeats samples to make up the difference; "
+                       f"set num_samples (dataset_kwargs.num_samples, or in _info.json) to {held} or fewer")
     if num_classes is not None:
         classes = classes if len(classes) == num_classes else [str(c) for c in range(num_classes)]
     stream = ShardStream(shards, int(num_samples), train=train,
@@ -351,6 +463,10 @@ def stream_datasets(
         val, _ = _stream(name, root, val_split, False, options, num_classes)
     if len(classes) < 2:
         raise ValueError(f"dataset {name}: cannot tell the number of classes; set num_classes")
+    for stream in (train, val):
+        if isinstance(stream, ShardStream):
+            stream.shards.num_classes = len(classes)
+            stream.check_first_samples()
     return train, val, timm_source_info(name, classes, 3, 0)
 
 

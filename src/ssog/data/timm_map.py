@@ -10,17 +10,17 @@ from typing import Any, Mapping, Sequence
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ssog.data.images import to_rgb
 from ssog.data.info import DATA_EXTRA, DatasetInfo, split_dataset, timm_source_info
+from ssog.data.samples import check_first_samples, checked_sample
 
 __all__ = ["TimmMapDataset", "timm_map_datasets"]
 
 
 class TimmMapDataset(Dataset):
     """A map-style dataset built by ``timm.data.create_dataset`` as ``(PIL RGB image, class
-    index)`` pairs (converted by mode, :func:`~ssog.data.images.to_rgb`), with ``classes``
-    and ``targets`` (read without decoding images where the source allows); ``source`` names
-    it in the error of an image that does not decode."""
+    index)`` pairs, each read by :func:`~ssog.data.samples.checked_sample` (upright, converted
+    by mode, the label a class index in range), with ``classes`` and ``targets`` (read without
+    decoding images where the source allows); ``source`` names it in a sample's errors."""
 
     def __init__(self, dataset: Dataset, classes: Sequence[str], source: str = "the dataset"):
         self.dataset, self.classes, self.source = dataset, tuple(classes), source
@@ -29,12 +29,9 @@ class TimmMapDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
-        image, target = self.dataset[index][:2]
-        try:
-            return to_rgb(image), int(target)
-        except (OSError, ValueError) as error:  # decoded here, not in timm's reader (see _create_map)
-            raise ValueError(f"sample {index} of {self.source}: cannot decode its image "
-                             f"({type(error).__name__}: {error})") from error
+        image, target = self.dataset[index][:2]  # decoded here, not in timm's reader (see _create_map)
+        return checked_sample(image, target, channels=3, num_classes=len(self.classes) or None,
+                              where=f"{self.source}, sample {index}")
 
     @cached_property
     def targets(self) -> list[int]:
@@ -61,7 +58,7 @@ def _create_map(name: str, root: str | None, split: str, download: bool, options
     from timm.data import create_dataset
 
     # timm's readers would convert images with PIL's convert("RGB"), which clips 16-bit and float
-    # pixels; TimmMapDataset converts them by mode (to_rgb), as the built-in sources do.
+    # pixels; TimmMapDataset converts them by mode (checked_sample), as the other sources do.
     options = {"input_img_mode": None, **options}
     try:
         return create_dataset(name, root=root, split=split, download=download, **options)
@@ -103,5 +100,7 @@ def timm_map_datasets(
     else:
         val = TimmMapDataset(_create_map(name, root, val_split, download, options), classes,
                              f"dataset {name} split {val_split!r}")
+    for split in (train, val):
+        check_first_samples(split)
     image = (train.dataset if hasattr(train, "indices") else train)[0][0]
     return train, val, timm_source_info(name, classes, len(image.getbands()), max(image.size))

@@ -83,8 +83,9 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
 
     ``train_dataset``, ``val_dataset``: map-style datasets of ``(PIL image, class index)`` to
     train on instead of ``cfg.dataset`` (which the run then records as ``custom``); the run's
-    augmentation and data config transform them (:func:`ssog.data.custom.custom_datasets`).
-    A run trained on them resumes with the same two datasets passed again.
+    augmentation and data config transform them (:func:`ssog.data.custom.custom_datasets`:
+    every sample checked as every source's, their first samples and the labels they list before
+    anything is written). A run trained on them resumes with the same two datasets passed again.
 
     ``resume``: a run folder (or a checkpoint file) to continue; the configuration then
     comes from the checkpoint, and ``cfg`` must be None. ``resume_changes`` may set the fields
