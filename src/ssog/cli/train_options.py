@@ -86,7 +86,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--data-dir",), "data_dir", "data folder (CIFAR root, ImageFolder root with train/ and val/ or "
            "validation/, WebDataset shard folder, Hugging Face cache folder)", _DATA, "--data-dir"),
     Option(("--val-split",), "val_split", "split this fraction (<1) or count off the training set for validation, "
-           "or name the validation split of a timm source (default: validation)", _DATA, "--val-split", parse=_split),
+           "or name the validation split of a timm source or the validation folder of an ImageFolder "
+           "(default: validation)", _DATA, "--val-split", parse=_split),
     Option(("--train-split",), "train_split", "the training split's name (timm's sources)", _DATA, "--train-split"),
     Option(("--train-subset",), "train_subset", "train on a seeded, stratified subset of N training images", _DATA),
     Option(("--num-classes",), "num_classes", "classifier outputs where the source does not tell them", _DATA,
