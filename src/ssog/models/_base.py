@@ -64,6 +64,10 @@ class ViTBase(nn.Module):
         dynamic_img_size: timm's option: accept any input size divisible by the patch, the
             position embedding resampled to its grid at every forward (the default here);
             ``False`` accepts ``img_size`` only, as timm's ViT does by default.
+
+    Every numeric option (a family's too: it checks its own before calling this) is checked
+    against :data:`ssog.layers.options.OPTIONS` before any module is built; a bad value is a
+    one-line ``ValueError`` naming it and its range.
     """
 
     #: Family name used in registered model names, and the keyword of its number of
