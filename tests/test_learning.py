@@ -103,7 +103,7 @@ def test_width_inits_and_layer_options():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(centre_init="grid"), "unknown centre_init 'grid'"),
     (dict(width_init="wide"), "unknown width_init 'wide'"),
-    (dict(centre_radius=-1.0), "centre_radius must be a finite number >= 0"),
+    (dict(centre_radius=-1.0), r"centre_radius=-1.0: expected a number in \[0, 1048576\] \(tokens\)"),
 ])
 def test_bad_init_options_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):

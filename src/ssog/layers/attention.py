@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops.checks import check_heads, check_tokens
+from ..ops.checks import check_tokens
 from ._tokens import refuse_torchscript
+from .options import check_heads
 
 __all__ = ["MultiHeadAttention"]
 

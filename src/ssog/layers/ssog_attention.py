@@ -14,10 +14,11 @@ from torch import Tensor, nn
 from ..ops import ssog_matrix
 from ..ops.backends import apply_fixed_matrix
 from ..ops.capture import capturing_graph
-from ..ops.checks import check_mixer_options, check_steer, check_tokens
+from ..ops.checks import check_steer, check_tokens
 from ..ops.functional import choose_backend, forced_backend_name, mix_unchecked
 from ..ops.registry import check_backend
 from ._tokens import prefix_mean_rows, refuse_torchscript, square_grid
+from .options import check_mixer_options
 
 STEERABLE = ("mu", "sigma", "lambda")
 #: The key of each steered parameter in ``steer_proj`` / ``steer_gate``: its name, but for
@@ -214,7 +215,7 @@ class SSoGAttention(nn.Module):
         dd = {"device": device, "dtype": dtype}
         check_mixer_options(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
                             steer_radius=steer_radius, centre_radius=centre_radius,
-                            num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init)
+                            num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init, proj_drop=proj_drop)
         check_backend(backend)
 
         scale = _axis_pair(kernel_scale, "kernel_scale")

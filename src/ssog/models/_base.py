@@ -20,6 +20,7 @@ from timm.models import checkpoint
 from torch import Tensor, nn
 
 from ..layers import SSoGAttention, describe_initial_kernels, kernel_scale_for_grid, named_mixers, ssog_mixers
+from ..layers.options import check_heads, check_kernel_reach, check_options, token_grid
 from ._blocks import resolve_mixer_args
 from .weights import load_run_checkpoint
 
@@ -63,6 +64,10 @@ class ViTBase(nn.Module):
         dynamic_img_size: timm's option: accept any input size divisible by the patch, the
             position embedding resampled to its grid at every forward (the default here);
             ``False`` accepts ``img_size`` only, as timm's ViT does by default.
+
+    Every numeric option (a family's too: it checks its own before calling this) is checked
+    against :data:`ssog.layers.options.OPTIONS` before any module is built; a bad value is a
+    one-line ``ValueError`` naming it and its range.
     """
 
     #: Family name used in registered model names, and the keyword of its number of
@@ -102,12 +107,17 @@ class ViTBase(nn.Module):
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        # Every option is checked before any module is built (the table: ssog.layers.options);
+        # the kernel lengths (centre_radius, steer_radius) against the token grid, below.
+        check_options(dict(
+            in_chans=in_chans, num_classes=num_classes, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
+            proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate, num_atoms=num_atoms, sigma_min=sigma_min,
+            steer_gate_init=steer_gate_init,
+        ))
+        check_heads(embed_dim, num_heads, "embed_dim")
+        grid = token_grid(img_size, patch_size)
         global_pool, class_token = _pool_layout(op, global_pool, class_token)
         _check_pool(global_pool, class_token)
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
-        if any(s % p for s, p in zip(to_2tuple(img_size), to_2tuple(patch_size))):
-            raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}")
         self.ssog_args = resolve_mixer_args(
             op, num_atoms=num_atoms, sigma_min=sigma_min, steer=steer,
             steer_radius=steer_radius, steer_gate_init=steer_gate_init, backend=backend,
@@ -117,8 +127,8 @@ class ViTBase(nn.Module):
             raise ValueError(f"kernel_units only applies to op='ssog', not op={op!r}")
         self.kernel_units = (kernel_units or "image") if op == "ssog" else None
         if self.ssog_args:
-            grid = tuple(s // p for s, p in zip(to_2tuple(img_size), to_2tuple(patch_size)))
             self.ssog_args["kernel_scale"] = kernel_scale_for_grid(grid, self.kernel_units)
+            check_kernel_reach(self.ssog_args, grid, self.ssog_args["kernel_scale"], self.kernel_units)
         self.op = op
         self.num_classes = num_classes
         self.in_chans = in_chans

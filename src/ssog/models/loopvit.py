@@ -6,6 +6,7 @@ from typing import Any, Iterator
 from torch import Tensor
 from timm.models._features import feature_take_indices
 
+from ..layers.options import check_options
 from ._base import ViTBase
 from ._blocks import Block
 from ._registry import register_family
@@ -28,9 +29,8 @@ class LoopViT(ViTBase):
     depth_arg = "num_loops"
 
     def __init__(self, num_loops: int = 12, **kwargs: Any) -> None:
+        check_options({"num_loops": num_loops})  # before the base builds anything
         super().__init__(**kwargs)
-        if num_loops < 1:
-            raise ValueError(f"num_loops must be >= 1, got {num_loops}")
         self.num_loops = num_loops
         self.block = Block(**self._block_args(), drop_path=self.drop_path_rate)
         self.init_weights()

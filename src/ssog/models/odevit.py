@@ -26,6 +26,7 @@ from torchdiffeq import odeint, odeint_adjoint
 from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from ..layers import CenterNorm
+from ..layers.options import check_options
 from ._base import ViTBase
 from ._blocks import create_mixer, create_mlp
 from ._registry import register_family
@@ -176,6 +177,7 @@ class OdeViT(ViTBase):
         field_norm: str = "center",
         **kwargs: Any,
     ) -> None:
+        check_options(dict(nfe=nfe, default_nfe=default_nfe, rtol=rtol, atol=atol))  # before the base builds anything
         super().__init__(**kwargs)
         self.field_norm = field_norm
         self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
@@ -202,9 +204,11 @@ class OdeViT(ViTBase):
 
         ``None`` keeps the current setting; a fixed-step solver given without ``nfe`` keeps
         the current number of evaluations (``default_nfe`` when coming from an adaptive solver).
-        Raises ``ValueError`` for an unknown solver, an ``nfe`` that is not a multiple of
+        Raises ``ValueError`` for an unknown solver, an ``nfe``, ``rtol`` or ``atol`` out of
+        its range (:data:`ssog.layers.options.OPTIONS`), an ``nfe`` that is not a multiple of
         the solver's evaluations per step, or ``nfe`` with an adaptive solver.
         """
+        check_options(dict(nfe=nfe, rtol=rtol, atol=atol))
         solver = self.solver if solver is None else solver
         if solver in FIXED_SOLVERS:
             if nfe is None:

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 from torch import Tensor, nn
 from timm.models._features import feature_take_indices
 
+from ..layers.options import check_options
 from ._base import ViTBase
 from ._blocks import Block
 from ._registry import register_family
@@ -32,9 +33,8 @@ class ViT(ViTBase):
     depth_arg = "depth"
 
     def __init__(self, depth: int = 12, **kwargs: Any) -> None:
+        check_options({"depth": depth})  # before the base builds anything
         super().__init__(**kwargs)
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
         if self.op == "ssog" and self.global_pool == "token":
             logger.warning(

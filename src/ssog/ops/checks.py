@@ -1,10 +1,11 @@
-"""Argument checks of the SSoG operator and the token mixers: the one place they live.
+"""Argument checks of the SSoG operator and of the token mixers' inputs: the one place they live.
 
 Each check raises ``ValueError`` with one line naming the argument, what it was and what was
 expected. :func:`ssog.ops.ssog_mix` and :func:`ssog.ops.ssog_matrix` run the operator checks on
 every call; the layers check their tokens on every call and their options once, at
-construction, and then call the operator's unchecked entry, :func:`ssog.ops.functional.mix_unchecked`
-(their parameters have the right shapes by construction). Backend names are the registry's
+construction (against the option table of :mod:`ssog.layers.options`), and then call the
+operator's unchecked entry, :func:`ssog.ops.functional.mix_unchecked` (their parameters have
+the right shapes by construction). Backend names are the registry's
 (:func:`ssog.ops.registry.check_backend`).
 """
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .capture import capturing_graph, functorch_wrapped
 from .kernels import kernel_dtype
 
 __all__ = [
-    "MAX_CENTRE_OFFSET", "check_grid", "check_heads", "check_local_tolerance", "check_mixer_options",
-    "check_parameter_values", "check_parameters", "check_steer", "check_tokens", "check_values",
+    "MAX_CENTRE_OFFSET", "check_grid", "check_local_tolerance", "check_parameter_values", "check_parameters",
+    "check_steer", "check_tokens", "check_values",
 ]
 
 #: Largest ``|mu|`` (tokens) accepted. A kernel row is a softmax of ``-(j - c)^2 / 2 sigma^2``
@@ -174,39 +175,6 @@ def check_tokens(x: Tensor, grid_size: tuple[int, int], num_prefix_tokens: int, 
             f"({num_prefix_tokens + rows * cols} tokens)"
         )
     return batch, tokens, channels
-
-
-def check_heads(dim: int, num_heads: int) -> None:
-    """A mixer's width ``dim`` must split into ``num_heads`` equal heads."""
-    if dim <= 0 or num_heads <= 0 or dim % num_heads:
-        raise ValueError(f"dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
-
-
-def check_mixer_options(
-    *,
-    dim: int,
-    num_heads: int,
-    num_atoms: int,
-    sigma_min: float,
-    steer_radius: float,
-    centre_radius: float,
-    num_prefix_tokens: int,
-    steer_gate_init: float = 0.0,
-) -> None:
-    """The numeric options of :class:`ssog.layers.SSoGAttention` (sizes, tokens, widths in tokens;
-    its backend's name is checked by :func:`ssog.ops.registry.check_backend`)."""
-    check_heads(dim, num_heads)
-    if num_atoms < 1:
-        raise ValueError(f"num_atoms must be >= 1, got {num_atoms}")
-    for name, value in (("sigma_min", sigma_min), ("steer_radius", steer_radius)):
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number > 0 (tokens), got {value}")
-    if not (centre_radius >= 0 and math.isfinite(centre_radius)):
-        raise ValueError(f"centre_radius must be a finite number >= 0 (tokens), got {centre_radius}")
-    if not math.isfinite(steer_gate_init):
-        raise ValueError(f"steer_gate_init must be a finite number (the gates' starting logit), got {steer_gate_init}")
-    if num_prefix_tokens < 0:
-        raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
 
 
 def check_steer(steer: Iterable[str], steerable: tuple[str, ...]) -> tuple[str, ...]:

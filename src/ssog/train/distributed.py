@@ -1,4 +1,5 @@
-"""Process-group setup for runs launched by ``torchrun`` (gloo on CPU, nccl on CUDA)."""
+"""Process-group setup for runs launched by ``torchrun`` (gloo on CPU, nccl on CUDA), and
+what a run says when another of its processes stops (:class:`PeerStopped`)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,19 @@ import torch.distributed as dist
 
 from ssog.runtime import resolve_device
 
-__all__ = ["DistContext", "init_distributed", "all_reduce_sum", "barrier"]
+__all__ = ["DistContext", "PeerStopped", "all_reduce_sum", "barrier", "init_distributed", "is_peer_failure",
+           "peer_stopped_message"]
+
+#: What the collective libraries' errors say when the connection to another process broke:
+#: gloo names its transport's source files (``gloo/transport/tcp/pair.cc``: "Connection reset
+#: by peer", "Connection closed by peer", a receive timing out); torch raises its own errors
+#: (``DistBackendError``, NCCL's "remote process exited") as :class:`torch.distributed.DistError`.
+_GLOO_ERROR = "/gloo/"
+
+
+class PeerStopped(ConnectionError):
+    """A collective failed because another process of a distributed run stopped (killed, out of
+    memory, its machine gone); this process's ``last.safetensors`` is what the run can resume from."""
 
 
 @dataclass(frozen=True)
@@ -62,3 +75,17 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()
+
+
+def is_peer_failure(error: BaseException, ctx: DistContext) -> bool:
+    """Whether ``error`` is a collective of a distributed run failing: the process group's error
+    (:class:`torch.distributed.DistError`) or gloo's ``RuntimeError`` (a lost connection)."""
+    return ctx.distributed and (isinstance(error, dist.DistError) or _GLOO_ERROR in str(error))
+
+
+def peer_stopped_message(ctx: DistContext) -> str:
+    """``"another process of the run stopped (rank R?)"``: R the other rank of a two-process run,
+    else the ranks it may be (the collective's error does not say which one stopped)."""
+    others = [str(rank) for rank in range(ctx.world_size) if rank != ctx.rank]
+    ranks = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} or {others[-1]}"
+    return f"another process of the run stopped (rank {ranks}?)"

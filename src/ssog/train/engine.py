@@ -45,7 +45,7 @@ from ssog.runtime import autocast, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
 from ssog.train.checkpoint import MODEL_KEY, check_state_dict, save_checkpoints
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
-from ssog.train.distributed import DistContext, all_reduce_sum
+from ssog.train.distributed import DistContext, PeerStopped, all_reduce_sum, is_peer_failure, peer_stopped_message
 from ssog.train.logger import RunLogger, progress_bar
 from ssog.train.metrics import GradNormMeter, evaluate
 from ssog.train.state import RESUME_CHANGES, Progress, gather_rng_states, seed_all, set_rng_state
@@ -349,10 +349,11 @@ class Trainer:
                 self._stop_if_asked()
                 if progress.step_in_epoch == self.steps_per_epoch or self.at_step_limit():
                     break  # micro-batches short of a whole step are left for the next epoch's shuffle
-        except RuntimeError:
+        except RuntimeError as error:
             # A terminal's Ctrl-C also reaches the loader's workers, which then exit: the
-            # loader's complaint about that is the interruption, not an error.
-            if self.stop.signum is None:
+            # loader's complaint about that is the interruption, not an error. (torchrun's
+            # SIGTERM after another process stopped is not: run() reports that process.)
+            if self.stop.signum is None or is_peer_failure(error, self.ctx):
                 raise
             self._stop_if_asked()
         finally:
@@ -391,6 +392,9 @@ class Trainer:
                 raise WriteError(error.errno, f"{error}; {resumable_message(self.output, self.saved_at)}") \
                     from error
             except (RuntimeError, MemoryError) as error:
+                if is_peer_failure(error, self.ctx):  # a collective found another process gone: one line
+                    raise PeerStopped(f"{peer_stopped_message(self.ctx)}; "
+                                      f"{resumable_message(self.output, self.saved_at)}") from None
                 if not is_out_of_memory(error):
                     raise
                 raise TrainingOutOfMemory(
