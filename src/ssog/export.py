@@ -2,8 +2,10 @@
 
 Needs the optional ``export`` extra (``pip install -e '.[export]'``: onnx, onnxscript,
 onnxruntime). The graph comes from ``torch.onnx.export(..., dynamo=True)`` with a dynamic
-batch dimension; :func:`export_onnx` then runs the file in onnxruntime on a batch of another
-size and compares it with the eager model, so a file it reports is one that works.
+batch dimension and, with ``dynamic_size``, a dynamic height and width
+(:func:`dynamic_image_shapes`, which ``torch.export.export`` takes too); :func:`export_onnx`
+then runs the file in onnxruntime on a batch of another size (and at another image size)
+and compares it with the eager model, so a file it reports is one that works.
 """
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from torch import nn
 
 from .files import refuse_existing, replacing
 
-__all__ = ["EXPORT_PACKAGES", "ExportMismatch", "export_onnx", "missing_export_packages", "verify_onnx"]
+__all__ = [
+    "EXPORT_PACKAGES", "MIN_PATCHES", "ExportMismatch", "dynamic_image_shapes", "export_onnx",
+    "missing_export_packages", "verify_onnx",
+]
 
 
 class ExportMismatch(RuntimeError):
@@ -33,27 +38,60 @@ def missing_export_packages() -> list[str]:
     return [name for name in EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
 
 
+#: Fewest patches per side of an image that a graph for every image size takes: ``torch.export``
+#: treats a size of 1 as a special case (it would fix the dimension), so the grid starts at 2.
+MIN_PATCHES = 2
+
+
+def dynamic_image_shapes(model: nn.Module, dynamic_size: bool = True) -> tuple[dict[int, Any]]:
+    """``dynamic_shapes`` for ``torch.export.export(model, (images,), ...)`` and
+    ``torch.onnx.export(..., dynamo=True)``: a dynamic batch and, with ``dynamic_size``, a
+    dynamic height and width, each a multiple of the model's patch size of at least
+    :data:`MIN_PATCHES` patches (``Dim("patch_rows")``, ``Dim("patch_cols")``: the ONNX input is
+    ``(batch, C, P*patch_rows, P*patch_cols)``). A dynamic size needs a model that accepts any
+    size divisible by its patch (an ssog model, or a timm ViT built with ``dynamic_img_size=True``):
+    anything else is a ``ValueError``.
+    """
+    shapes: dict[int, Any] = {0: torch.export.Dim("batch", min=1)}
+    if dynamic_size:
+        patch_embed = getattr(model, "patch_embed", None)
+        if patch_embed is None or not getattr(model, "dynamic_img_size", False):
+            what = "has no patch embedding" if patch_embed is None else "was built with dynamic_img_size=False"
+            raise ValueError(f"a dynamic image size needs a model that accepts any size divisible by its patch; "
+                             f"this {type(model).__name__} {what}: export it at one size")
+        rows, cols = patch_embed.patch_size
+        shapes[2] = rows * torch.export.Dim("patch_rows", min=MIN_PATCHES)
+        shapes[3] = cols * torch.export.Dim("patch_cols", min=MIN_PATCHES)
+    return (shapes,)
+
+
 def export_onnx(
     model: nn.Module,
     path: str | Path,
     input_size: tuple[int, int, int],
     *,
     batch_size: int = 2,
+    dynamic_size: bool = False,
     atol: float = 1e-4,
     seed: int = 0,
     overwrite: bool = True,
 ) -> dict[str, Any]:
     """Export ``model`` (eval mode, fp32, CPU) to ONNX at ``path`` and verify it.
 
-    ``input_size`` is ``(C, H, W)``; the batch dimension is dynamic. Fixed and steered SSoG
-    and MHA, every family; the continuous one with a fixed-step solver (an adaptive one
-    raises ``ValueError``). The model's data config (input size, mean/std, crop_pct,
-    interpolation) goes into the file's metadata. The file is written and checked under a
-    temporary name and only then renamed to ``path`` (:func:`ssog.files.replacing`): an
-    existing file there is refused unless ``overwrite`` (FileExistsError), and kept when the
-    export fails. Raises ``RuntimeError`` (with the largest difference) when onnxruntime's
-    output differs from eager by more than ``atol``, and ``ImportError`` naming the missing
-    packages. Returns the check's summary.
+    ``input_size`` is ``(C, H, W)``, the size traced (and, without ``dynamic_size``, the
+    only size the file takes); the batch dimension is dynamic. With ``dynamic_size`` the
+    height and width are dynamic too (:func:`dynamic_image_shapes`: multiples of the patch,
+    at least :data:`MIN_PATCHES` patches) and the file is also checked at another size, two
+    patches higher and one wider. Fixed and steered SSoG and MHA, every family; the
+    continuous one with a fixed-step solver (an adaptive one raises ``ValueError``). The
+    model's data config (input size, mean/std, crop_pct, interpolation) goes into the file's
+    metadata. The file is written and checked under a temporary name and only then renamed
+    to ``path`` (:func:`ssog.files.replacing`): an existing file there is refused unless
+    ``overwrite`` (FileExistsError), and kept when the export fails. Raises ``RuntimeError``
+    (with the largest difference) when onnxruntime's output differs from eager by more than
+    ``atol``, and ``ImportError`` naming the missing packages. Returns the check's summary:
+    ``verified_batch_size``, ``verified_sizes`` (``[H, W]`` each), ``max_abs_diff`` (over
+    all of them), ``output_shape`` (at ``input_size``).
     """
     missing = missing_export_packages()
     if missing:
@@ -62,32 +100,42 @@ def export_onnx(
     if not overwrite:
         refuse_existing([path])  # before the work (the rename refuses it too, should one appear meanwhile)
     model = model.eval().float().cpu()
+    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.capture.any_batch),
+    # and does it in one block on a symbolic grid (ssog.ops.capture.any_grid).
+    shapes = dynamic_image_shapes(model, dynamic_size)
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.capture.any_batch).
-    batch = torch.export.Dim("batch", min=1)
     try:
         with torch.no_grad():
             program = torch.onnx.export(
-                model, (example,), dynamo=True, dynamic_shapes=({0: batch},), input_names=["images"],
+                model, (example,), dynamo=True, dynamic_shapes=shapes, input_names=["images"],
                 output_names=["logits"], verbose=False,
             )
     except torch.onnx.OnnxExporterError as error:
         if isinstance(error.__cause__, ValueError):  # the model's own one-line refusal (an adaptive solver)
             raise error.__cause__ from None
         raise
-    # Another batch size than the traced one: the batch dimension must really be dynamic.
-    check = torch.randn(batch_size + 1, *input_size, generator=generator)
+    # Another batch size than the traced one (and another image size): what is dynamic must really be.
+    channels, height, width = input_size
+    sizes = [(height, width)]
+    if dynamic_size:
+        rows, cols = model.patch_embed.patch_size
+        sizes.append((height + 2 * rows, width + cols))
+    checks = [torch.randn(batch_size + 1, channels, *size, generator=generator) for size in sizes]
     with replacing(path, overwrite=overwrite) as (tmp,):  # a file that does not compute the model never lands
         program.save(str(tmp))
         metadata = _write_data_config(tmp, model, input_size)
         try:
-            verified = verify_onnx(model, tmp, check, atol=atol)
+            verified = [verify_onnx(model, tmp, images, atol=atol) for images in checks]
         except RuntimeError as error:
             kept = "the earlier file is kept" if path.exists() else "nothing was written"
             raise ExportMismatch(f"{path}: {error}; {kept}") from None
-    return {"path": str(path), "input_size": list(input_size), "metadata": metadata, **verified}
+    return {
+        "path": str(path), "input_size": list(input_size), "dynamic_size": dynamic_size, "metadata": metadata,
+        **verified[0], "verified_sizes": [list(size) for size in sizes],
+        "max_abs_diff": max(check["max_abs_diff"] for check in verified),
+    }
 
 
 def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int, int]) -> dict[str, str]:
@@ -120,5 +168,6 @@ def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: 
         expected = model(images)
     diff = float((torch.from_numpy(output) - expected).abs().max())
     if not diff <= atol:
-        raise ExportMismatch(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g})")
+        size = "x".join(map(str, images.shape[-2:]))
+        raise ExportMismatch(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g}) at {size}")
     return {"verified_batch_size": images.shape[0], "max_abs_diff": diff, "output_shape": list(output.shape)}
