@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "model.safetensors) through timm.models.save_for_hf, which "
                              "timm.create_model('local-dir:DIR', pretrained=True) loads")
     parser.add_argument("--ema", action="store_true", help="export the run's EMA weights (trained with ema_decay)")
+    parser.add_argument("--hub-id", metavar="USER/REPO",
+                        help="--format hf: the Hugging Face hub repository the folder will be uploaded to, named in "
+                             "its model card (README.md) as timm.create_model('hf-hub:USER/REPO')")
     parser.add_argument("--num-classes", type=int, help="classifier outputs of --model (default: the preset's)")
     parser.add_argument("--batch-size", type=int, default=2, help="batch size traced (the batch is dynamic)")
     parser.add_argument("--img-size", type=int,
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
                          f"got {args.atol}")
     if args.format == "hf":
         return _run_hf(args)
+    if args.hub_id:
+        raise ValueError("--hub-id names the hub repository in the model card of --format hf; an ONNX file has none")
     from ssog.export import MIN_PATCHES, ExportMismatch, export_onnx, missing_export_packages
     from ssog.files import refuse_existing
 
@@ -127,13 +132,18 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.overwrite:  # said, not ignored: a folder of the user's is never replaced
         raise ValueError("--overwrite replaces an .onnx file; --format hf writes a new folder and never replaces "
                          "one: choose a new --output")
+    if args.img_size is not None or args.dynamic_size:
+        raise ValueError("--img-size and --dynamic-size shape an ONNX file; --format hf writes the weights, which "
+                         "take any size divisible by the patch")
     if args.model:
+        from ssog.export import model_card
         from ssog.models import create_model
 
         kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
-        directory = save_for_hf(create_model(args.model, **kwargs), args.output)
+        model = create_model(args.model, **kwargs)
+        directory = save_for_hf(model, args.output, readme=model_card(model, hub_id=args.hub_id))
     else:
-        directory = save_run_for_hf(args.checkpoint, args.output, ema=args.ema)
+        directory = save_run_for_hf(args.checkpoint, args.output, ema=args.ema, hub_id=args.hub_id)
     files = ", ".join(sorted(p.name for p in directory.iterdir()))
     if args.json:
         print(json.dumps({"source": args.model or args.checkpoint, "path": str(directory), "format": "hf"}, indent=2))
