@@ -270,9 +270,11 @@ def steered_mix(
     every_grid = any_grid(grid_size)  # one chunk of every query (chunks sized by the grid would guard on it)
     if not separable:
         query_bytes = images * heads * n * torch.finfo(dtype).bits // 8  # one query's rows
-        # At most n: then a chunk of every query is the same slice with and without autograd
-        # (torch.jit.trace checks its graph by tracing again without autograd).
-        if every_grid or (n * query_bytes <= STEERED_SAVED_ROWS_BYTES and _recompute_in_backward(v, mu, sigma, weight)):
+        # Chunks of a graph for every batch do not depend on autograd: torch.jit.trace checks its
+        # graph by tracing again without autograd (and at most n: the same slice either way).
+        keep_rows = not any_batch(batch) and n * query_bytes <= STEERED_SAVED_ROWS_BYTES and \
+            _recompute_in_backward(v, mu, sigma, weight)
+        if every_grid or keep_rows:
             chunk = n
         else:
             chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))

@@ -233,11 +233,13 @@ def choose_backend(
     ``DENSE_MAX_MATRIX_BYTES``. A graph that must hold for every batch
     (:func:`ssog.ops.capture.any_batch`: ``torch.export`` with a dynamic batch,
     ``torch.jit.trace``) is chosen for as for a large batch, where building ``A`` once is
-    shared by all images: the choice then depends on the grid, atoms and head_dim alone,
-    not on the example's batch. A graph that must hold for every grid
-    (:func:`ssog.ops.capture.any_grid`: ``torch.export`` with a dynamic height and width)
-    uses ``separable`` for fixed kernels, which holds at every grid (dense's ``A`` grows as
-    ``N^2``), and ``dense`` rows for steered ones, as below. The costs
+    shared by all images, and for the forward pass: the choice then depends on the grid,
+    atoms and head_dim alone, not on the example's batch, nor on autograd (``torch.jit.trace``
+    records twice, the second time without autograd, and refuses a graph that differs). A
+    graph that must hold for every grid (:func:`ssog.ops.capture.any_grid`: ``torch.export``
+    with a dynamic height and width) uses ``separable`` for fixed kernels, which holds at
+    every grid (dense's ``A`` grows as ``N^2``), and ``dense`` rows for steered ones, as
+    below. The costs
     and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
     From shapes alone, steered
     kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
@@ -246,7 +248,7 @@ def choose_backend(
     """
     batch, heads, n, dim = value_shape
     if any_batch(batch):
-        batch, matrix_cached = 1, True
+        batch, matrix_cached, requires_grad = 1, True, False
     if BACKENDS["cpp"].can_run(device, dtype, dim, steered, requires_grad):
         _debug("choose_backend: cpp (fused CPU kernels, no autograd)")
         return "cpp"
