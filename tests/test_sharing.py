@@ -105,6 +105,14 @@ def test_model_card_of_untrained_weights_says_so():
     assert 'hf-hub:USER/REPO' in body
 
 
+def test_options_of_the_other_format_are_refused(tmp_path, capsys):
+    assert main(["export", "--format", "hf", "--model", MODEL, "--img-size", "16", "--output", str(tmp_path)]) == 2
+    assert "--img-size and --dynamic-size shape an ONNX file" in capsys.readouterr().err
+    assert main(["export", "--model", MODEL, "--hub-id", "a/b", "--output", str(tmp_path / "b.onnx")]) == 2
+    assert "--hub-id names the hub repository in the model card of --format hf" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_presets_without_weights_still_refuse_pretrained():
     with pytest.raises(ValueError, match="has no pretrained weights.*local-dir"):
         timm.create_model(MODEL, pretrained=True)

@@ -109,6 +109,16 @@ def export_onnx(
     # Every backend sizes its work for one image under a symbolic batch (ssog.ops.capture.any_batch),
     # and does it in one block on a symbolic grid (ssog.ops.capture.any_grid).
     shapes = dynamic_image_shapes(model, dynamic_size)
+    # Checked at another batch size than the traced one (and another image size): what is
+    # dynamic must really be.
+    channels, height, width = input_size
+    sizes = [(height, width)]
+    if dynamic_size:
+        rows, cols = model.patch_embed.patch_size
+        if min(height // rows, width // cols) < MIN_PATCHES:
+            raise ValueError(f"a dynamic image size is traced at {MIN_PATCHES} patches per side or more; "
+                             f"{height}x{width} has fewer")
+        sizes.append((height + 2 * rows, width + cols))
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,12 +132,6 @@ def export_onnx(
         if isinstance(error.__cause__, ValueError):  # the model's own one-line refusal (an adaptive solver)
             raise error.__cause__ from None
         raise
-    # Another batch size than the traced one (and another image size): what is dynamic must really be.
-    channels, height, width = input_size
-    sizes = [(height, width)]
-    if dynamic_size:
-        rows, cols = model.patch_embed.patch_size
-        sizes.append((height + 2 * rows, width + cols))
     checks = [torch.randn(batch_size + 1, channels, *size, generator=generator) for size in sizes]
     with replacing(path, overwrite=overwrite) as (tmp,):  # a file that does not compute the model never lands
         program.save(str(tmp))
