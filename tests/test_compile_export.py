@@ -1,6 +1,7 @@
 """Every export path of the three families: ``torch.compile(fullgraph=True)``,
-``torch.jit.trace``, ``torch.export`` with a dynamic batch, ONNX; and what cannot be recorded
-says so in one line.
+``torch.jit.trace`` (at another image size too), ``torch.export`` with a dynamic batch and
+with a dynamic image size, ONNX (at any image size too); and what cannot be recorded says so
+in one line.
 
 Compiled with the ``aot_eager`` backend: whole-graph capture by dynamo and the AOT autograd
 graph are what can break (as torchdiffeq's data-dependent checks did); inductor's code
@@ -12,7 +13,7 @@ import pytest
 import timm
 import torch
 
-from ssog.export import export_onnx, missing_export_packages
+from ssog.export import dynamic_image_shapes, export_onnx, missing_export_packages
 from ssog.layers import ssog_mixers
 from ssog.models import list_models  # noqa: F401  (registers the models)
 
@@ -29,12 +30,17 @@ MIXERS = {"mha": ("mha", {}), "fixed": ("ssog", {}),
 ONE_APPLICATION = {"vit": dict(depth=1), "loopvit": dict(num_loops=1), "odevit": dict(nfe=1)}
 
 
-def _model(family: str, mixer: str, **kwargs):
+def _model(family: str, mixer: str, preset: str = "micro_patch1_8", **kwargs):
     """A tiny model of ``family`` with ``mixer``, one block application unless ``kwargs`` say."""
     op, options = MIXERS[mixer]
     torch.manual_seed(0)
     size = {} if "solver" in kwargs or "nfe" in kwargs else ONE_APPLICATION[family]
-    return timm.create_model(f"{op}_{family}_micro_patch1_8", **SMALL, **options, **{**size, **kwargs}).eval()
+    return timm.create_model(f"{op}_{family}_{preset}", **SMALL, **options, **{**size, **kwargs}).eval()
+
+
+#: Patch 4 at 32 px (an 8x8 grid), RGB: the size a model is recorded at, and two others, one not square.
+ANY_SIZE = "tiny_patch4_32"
+OTHER_SIZES = ((16, 24), (48, 40))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -111,8 +117,13 @@ def test_cli_export_verifies_a_model(tmp_path, capsys):
     from ssog.cli import main
 
     output = tmp_path / "vit.onnx"
-    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(output)]) == 0
-    assert output.is_file() and "onnxruntime on batch 3 matches PyTorch" in capsys.readouterr().out
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--img-size", "12", "--output", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert output.is_file() and "(input (batch, 1, 12, 12), dynamic batch); onnxruntime on batch 3 at 12x12 " \
+        "matches PyTorch" in out
+    assert main(["export", "--model", "ssog_vit_digits_patch2_8", "--img-size", "7",
+                 "--output", str(tmp_path / "7.onnx")]) == 2
+    assert "--img-size must be a positive multiple of the patch size 2x2, got 7" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -145,6 +156,54 @@ def test_torch_export_keeps_the_batch_dynamic_without_choosing_a_backend(family,
                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     images = torch.randn(5, 1, 8, 8)
     torch.testing.assert_close(program.module()(images), model(images), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family, mixer", [(family, mixer) for family in FAMILIES for mixer in ("mha", "fixed")]
+                         + [("vit", "steered")])
+def test_torch_export_with_a_dynamic_image_size_matches_eager_at_other_sizes(family, mixer):
+    """Height and width as multiples of the patch: the grid is symbolic, the position embedding
+    resampled in the graph, and the operator chooses its backend and blocks from no size
+    (ssog.ops.capture.any_grid); it used to guard on the example's grid (``x.size()[2] // 4 == 8``)."""
+    model = _model(family, mixer, ANY_SIZE)
+    program = torch.export.export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=dynamic_image_shapes(model))
+    for batch, size in zip((3, 1), OTHER_SIZES):
+        images = torch.randn(batch, 3, *size)
+        torch.testing.assert_close(program.module()(images), model(images), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dynamic_image_size_needs_a_model_that_takes_any_size():
+    model = timm.create_model("ssog_vit_micro_patch1_8", dynamic_img_size=False, **SMALL)
+    assert dynamic_image_shapes(model, dynamic_size=False)[0].keys() == {0}
+    with pytest.raises(ValueError, match="this ViT was built with dynamic_img_size=False: export it at one size"):
+        dynamic_image_shapes(model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_jit_trace_at_another_image_size_matches_eager(family, monkeypatch):
+    """A trace is recorded at one size (documented as meant for that size); here not the preset's.
+    torch.jit.trace records twice, with and then without autograd: at 64 px (a 16x16 grid) the
+    fixed kernels' backend, and with small query chunks the steered chunks, used to depend on
+    autograd ('Graphs differed across invocations')."""
+    from ssog.ops import backends
+
+    monkeypatch.setattr(backends, "STEERED_CHUNK_BYTES", 2**18)  # two query chunks without autograd
+    for mixer in MIXERS:
+        model = _model(family, mixer, ANY_SIZE)
+        traced = torch.jit.trace(model, torch.randn(2, 3, 64, 64))
+        images = torch.randn(3, 3, 64, 64)
+        torch.testing.assert_close(traced(images), model(images), rtol=1e-5, atol=1e-6, msg=mixer)
+
+
+@needs_export
+def test_onnx_export_with_a_dynamic_image_size_runs_at_two_sizes(tmp_path):
+    """Steered SSoG (per-query kernels on a symbolic grid) in onnxruntime at the traced size and another."""
+    import onnxruntime
+
+    model = _model("vit", "steered", ANY_SIZE)
+    result = export_onnx(model, tmp_path / "any.onnx", (3, 16, 16), dynamic_size=True)
+    assert result["verified_sizes"] == [[16, 16], [24, 20]] and result["max_abs_diff"] <= 1e-4
+    session = onnxruntime.InferenceSession(str(tmp_path / "any.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == ["batch", 3, "4*patch_rows", "4*patch_cols"]
 
 
 @pytest.mark.parametrize("backend", ["separable", "local"])

@@ -1,17 +1,24 @@
-"""Weights the timm way: timm's Hugging Face layout (ssog export --format hf), local-dir:
-loading with pretrained=True, checkpoint_path at another image size, dynamic_img_size."""
+"""Weights the timm way: timm's Hugging Face layout (ssog export --format hf) with its model
+card, local-dir: loading with pretrained=True, checkpoint_path at another image size,
+dynamic_img_size."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 import timm
 import torch
+import yaml
 from timm.layers import resample_abs_pos_embed
 
 import ssog  # noqa: F401  (registers the models)
 from ssog.cli import main
+from ssog.export import LIBRARY_TITLE, model_card
+from ssog.models import count_flops
 from ssog.train import load_checkpoint, train
 from ssog.train.transfer import model_from_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "ssog_vit_micro_patch1_8"
 KWARGS = dict(embed_dim=16, num_heads=2, depth=2)
@@ -32,9 +39,9 @@ def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
     finally:
         os.umask(umask)
     assert f"local-dir:{out}" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert out.stat().st_mode & 0o777 == 0o755  # a folder others can read, as the files in it
-    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {"config.json": 0o644,
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {"README.md": 0o644, "config.json": 0o644,
                                                                         "model.safetensors": 0o644}
     assert not [p for p in tmp_path.iterdir() if "ssog-tmp" in p.name]
     config = json.loads((out / "config.json").read_text())
@@ -54,6 +61,56 @@ def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
     assert "already holds a model (config.json)" in capsys.readouterr().err
     assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out), "--overwrite"]) == 2
     assert "--format hf writes a new folder and never replaces one" in capsys.readouterr().err
+
+
+def _front_matter_and_body(card: str) -> tuple[dict, str]:
+    empty, front, body = card.split("---\n", 2)
+    assert empty == ""  # the card starts with its YAML front matter, as the hub reads it
+    return yaml.safe_load(front), body
+
+
+def test_export_hf_writes_a_model_card_with_the_runs_metrics(run, tmp_path):
+    out = tmp_path / "hf"
+    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out),
+                 "--hub-id", "someone/tiny-ssog"]) == 0
+    meta, body = _front_matter_and_body((out / "README.md").read_text())
+    assert meta["library_name"] == "timm" and meta["license"] == "mit" and meta["datasets"] == ["synthetic"]
+    assert {"image-classification", "timm", "ssog"} <= set(meta["tags"])
+
+    model, summary = model_from_checkpoint(run), json.loads((run / "summary.json").read_text())
+    assert body.startswith(f"# Model card for {MODEL}\n")
+    assert f"Params: {sum(p.numel() for p in model.parameters()):,}" in body
+    assert f"GFLOPs: {count_flops(model)['total_gflops']:.4g} (one 8x8 image, 2 per multiply-add)" in body
+    assert f"Final (epoch 1): Acc@1 {summary['acc1']:.2f}, Acc@3 {summary['acc3']:.2f}" in body
+    assert f"Best: Acc@1 {summary['best_acc1']:.2f} at epoch {summary['best_epoch']}" in body
+    assert "**Weights:** a run's best.safetensors" in body and "**Dataset:** synthetic" in body
+    assert 'timm.create_model("hf-hub:someone/tiny-ssog", pretrained=True)' in body and "local-dir:" in body
+    # the citations: the paper as CITATION.cff gives it, and this library
+    paper = yaml.safe_load((ROOT / "CITATION.cff").read_text())["preferred-citation"]
+    assert f"title={{{paper['title']}}}" in body and "arXiv:2611.08236" in body
+    assert " and ".join(f"{a['family-names']}, {a['given-names']}" for a in paper["authors"]) in body
+    assert f"title={{{LIBRARY_TITLE}}}" in body and f"version={{{ssog.__version__}}}" in body
+
+    pretrained_cfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert pretrained_cfg["paper_ids"] == "arXiv:2611.08236" and pretrained_cfg["license"] == "mit"
+    assert pretrained_cfg["origin_url"] == paper["url"] and pretrained_cfg["paper_name"] == paper["title"]
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True)
+    assert loaded.pretrained_cfg["paper_ids"] == "arXiv:2611.08236"
+
+
+def test_model_card_of_untrained_weights_says_so():
+    meta, body = _front_matter_and_body(model_card(timm.create_model(MODEL, **KWARGS)))
+    assert "datasets" not in meta and meta["license"] == "mit"
+    assert "initial (random) weights of the architecture, not trained" in body and "Metrics" not in body
+    assert 'hf-hub:USER/REPO' in body
+
+
+def test_options_of_the_other_format_are_refused(tmp_path, capsys):
+    assert main(["export", "--format", "hf", "--model", MODEL, "--img-size", "16", "--output", str(tmp_path)]) == 2
+    assert "--img-size and --dynamic-size shape an ONNX file" in capsys.readouterr().err
+    assert main(["export", "--model", MODEL, "--hub-id", "a/b", "--output", str(tmp_path / "b.onnx")]) == 2
+    assert "--hub-id names the hub repository in the model card of --format hf" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_presets_without_weights_still_refuse_pretrained():

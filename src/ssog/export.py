@@ -1,9 +1,17 @@
-"""ONNX export of the ssog models, verified with onnxruntime.
+"""Exporting the ssog models: ONNX files verified with onnxruntime, and the model card of a
+model shared in timm's Hugging Face layout (:func:`model_card`, ``ssog export --format hf``).
 
 Needs the optional ``export`` extra (``pip install -e '.[export]'``: onnx, onnxscript,
 onnxruntime). The graph comes from ``torch.onnx.export(..., dynamo=True)`` with a dynamic
-batch dimension; :func:`export_onnx` then runs the file in onnxruntime on a batch of another
-size and compares it with the eager model, so a file it reports is one that works.
+batch dimension and, with ``dynamic_size``, a dynamic height and width
+(:func:`dynamic_image_shapes`, which ``torch.export.export`` takes too); :func:`export_onnx`
+then runs the file in onnxruntime on a batch of another size (and at another image size)
+and compares it with the eager model, so a file it reports is one that works.
+
+:func:`model_card` writes the ``README.md`` that ``timm``'s ``push_to_hf_hub`` would (YAML front
+matter with tags, library and licence, then the model's details), with the model's parameters,
+GFLOPs, the run's data set and final metrics (its ``summary.json``), how to load it, and the
+citations of the paper and of this library.
 """
 from __future__ import annotations
 
@@ -17,7 +25,10 @@ from torch import nn
 
 from .files import refuse_existing, replacing
 
-__all__ = ["EXPORT_PACKAGES", "ExportMismatch", "export_onnx", "missing_export_packages", "verify_onnx"]
+__all__ = [
+    "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "dynamic_image_shapes", "export_onnx",
+    "missing_export_packages", "model_card", "run_summary", "verify_onnx",
+]
 
 
 class ExportMismatch(RuntimeError):
@@ -33,27 +44,60 @@ def missing_export_packages() -> list[str]:
     return [name for name in EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
 
 
+#: Fewest patches per side of an image that a graph for every image size takes: ``torch.export``
+#: treats a size of 1 as a special case (it would fix the dimension), so the grid starts at 2.
+MIN_PATCHES = 2
+
+
+def dynamic_image_shapes(model: nn.Module, dynamic_size: bool = True) -> tuple[dict[int, Any]]:
+    """``dynamic_shapes`` for ``torch.export.export(model, (images,), ...)`` and
+    ``torch.onnx.export(..., dynamo=True)``: a dynamic batch and, with ``dynamic_size``, a
+    dynamic height and width, each a multiple of the model's patch size of at least
+    :data:`MIN_PATCHES` patches (``Dim("patch_rows")``, ``Dim("patch_cols")``: the ONNX input is
+    ``(batch, C, P*patch_rows, P*patch_cols)``). A dynamic size needs a model that accepts any
+    size divisible by its patch (an ssog model, or a timm ViT built with ``dynamic_img_size=True``):
+    anything else is a ``ValueError``.
+    """
+    shapes: dict[int, Any] = {0: torch.export.Dim("batch", min=1)}
+    if dynamic_size:
+        patch_embed = getattr(model, "patch_embed", None)
+        if patch_embed is None or not getattr(model, "dynamic_img_size", False):
+            what = "has no patch embedding" if patch_embed is None else "was built with dynamic_img_size=False"
+            raise ValueError(f"a dynamic image size needs a model that accepts any size divisible by its patch; "
+                             f"this {type(model).__name__} {what}: export it at one size")
+        rows, cols = patch_embed.patch_size
+        shapes[2] = rows * torch.export.Dim("patch_rows", min=MIN_PATCHES)
+        shapes[3] = cols * torch.export.Dim("patch_cols", min=MIN_PATCHES)
+    return (shapes,)
+
+
 def export_onnx(
     model: nn.Module,
     path: str | Path,
     input_size: tuple[int, int, int],
     *,
     batch_size: int = 2,
+    dynamic_size: bool = False,
     atol: float = 1e-4,
     seed: int = 0,
     overwrite: bool = True,
 ) -> dict[str, Any]:
     """Export ``model`` (eval mode, fp32, CPU) to ONNX at ``path`` and verify it.
 
-    ``input_size`` is ``(C, H, W)``; the batch dimension is dynamic. Fixed and steered SSoG
-    and MHA, every family; the continuous one with a fixed-step solver (an adaptive one
-    raises ``ValueError``). The model's data config (input size, mean/std, crop_pct,
-    interpolation) goes into the file's metadata. The file is written and checked under a
-    temporary name and only then renamed to ``path`` (:func:`ssog.files.replacing`): an
-    existing file there is refused unless ``overwrite`` (FileExistsError), and kept when the
-    export fails. Raises ``RuntimeError`` (with the largest difference) when onnxruntime's
-    output differs from eager by more than ``atol``, and ``ImportError`` naming the missing
-    packages. Returns the check's summary.
+    ``input_size`` is ``(C, H, W)``, the size traced (and, without ``dynamic_size``, the
+    only size the file takes); the batch dimension is dynamic. With ``dynamic_size`` the
+    height and width are dynamic too (:func:`dynamic_image_shapes`: multiples of the patch,
+    at least :data:`MIN_PATCHES` patches) and the file is also checked at another size, two
+    patches higher and one wider. Fixed and steered SSoG and MHA, every family; the
+    continuous one with a fixed-step solver (an adaptive one raises ``ValueError``). The
+    model's data config (input size, mean/std, crop_pct, interpolation) goes into the file's
+    metadata. The file is written and checked under a temporary name and only then renamed
+    to ``path`` (:func:`ssog.files.replacing`): an existing file there is refused unless
+    ``overwrite`` (FileExistsError), and kept when the export fails. Raises ``RuntimeError``
+    (with the largest difference) when onnxruntime's output differs from eager by more than
+    ``atol``, and ``ImportError`` naming the missing packages. Returns the check's summary:
+    ``verified_batch_size``, ``verified_sizes`` (``[H, W]`` each), ``max_abs_diff`` (over
+    all of them), ``output_shape`` (at ``input_size``).
     """
     missing = missing_export_packages()
     if missing:
@@ -62,32 +106,46 @@ def export_onnx(
     if not overwrite:
         refuse_existing([path])  # before the work (the rename refuses it too, should one appear meanwhile)
     model = model.eval().float().cpu()
+    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.capture.any_batch),
+    # and does it in one block on a symbolic grid (ssog.ops.capture.any_grid).
+    shapes = dynamic_image_shapes(model, dynamic_size)
+    # Checked at another batch size than the traced one (and another image size): what is
+    # dynamic must really be.
+    channels, height, width = input_size
+    sizes = [(height, width)]
+    if dynamic_size:
+        rows, cols = model.patch_embed.patch_size
+        if min(height // rows, width // cols) < MIN_PATCHES:
+            raise ValueError(f"a dynamic image size is traced at {MIN_PATCHES} patches per side or more; "
+                             f"{height}x{width} has fewer")
+        sizes.append((height + 2 * rows, width + cols))
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Every backend sizes its work for one image under a symbolic batch (ssog.ops.capture.any_batch).
-    batch = torch.export.Dim("batch", min=1)
     try:
         with torch.no_grad():
             program = torch.onnx.export(
-                model, (example,), dynamo=True, dynamic_shapes=({0: batch},), input_names=["images"],
+                model, (example,), dynamo=True, dynamic_shapes=shapes, input_names=["images"],
                 output_names=["logits"], verbose=False,
             )
     except torch.onnx.OnnxExporterError as error:
         if isinstance(error.__cause__, ValueError):  # the model's own one-line refusal (an adaptive solver)
             raise error.__cause__ from None
         raise
-    # Another batch size than the traced one: the batch dimension must really be dynamic.
-    check = torch.randn(batch_size + 1, *input_size, generator=generator)
+    checks = [torch.randn(batch_size + 1, channels, *size, generator=generator) for size in sizes]
     with replacing(path, overwrite=overwrite) as (tmp,):  # a file that does not compute the model never lands
         program.save(str(tmp))
         metadata = _write_data_config(tmp, model, input_size)
         try:
-            verified = verify_onnx(model, tmp, check, atol=atol)
+            verified = [verify_onnx(model, tmp, images, atol=atol) for images in checks]
         except RuntimeError as error:
             kept = "the earlier file is kept" if path.exists() else "nothing was written"
             raise ExportMismatch(f"{path}: {error}; {kept}") from None
-    return {"path": str(path), "input_size": list(input_size), "metadata": metadata, **verified}
+    return {
+        "path": str(path), "input_size": list(input_size), "dynamic_size": dynamic_size, "metadata": metadata,
+        **verified[0], "verified_sizes": [list(size) for size in sizes],
+        "max_abs_diff": max(check["max_abs_diff"] for check in verified),
+    }
 
 
 def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int, int]) -> dict[str, str]:
@@ -120,5 +178,150 @@ def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: 
         expected = model(images)
     diff = float((torch.from_numpy(output) - expected).abs().max())
     if not diff <= atol:
-        raise ExportMismatch(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g})")
+        size = "x".join(map(str, images.shape[-2:]))
+        raise ExportMismatch(f"onnxruntime's output differs from eager PyTorch by {diff:.3g} (> {atol:g}) at {size}")
     return {"verified_batch_size": images.shape[0], "max_abs_diff": diff, "output_shape": list(output.shape)}
+
+
+# ----------------------------------------------------------------------------- model card
+#: This library's title, as CITATION.cff gives it (the model card cites it).
+LIBRARY_TITLE = "ssog: separable sum-of-Gaussians token mixing for Vision Transformers"
+#: How the card names each family and token mixer.
+FAMILY_NAMES = {
+    "vit": "discrete ViT (independent pre-norm blocks)",
+    "loopvit": "looped ViT (one shared block applied repeatedly)",
+    "odevit": "continuous-depth ODE-ViT (one time-conditioned block integrated by torchdiffeq)",
+}
+MIXER_NAMES = {"mha": "multi-head self-attention", "ssog": "SSoG token mixing (separable sum of Gaussians)"}
+
+
+def run_summary(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The ``summary.json`` of the run that wrote ``checkpoint`` (a run folder, or a checkpoint
+    file in one), or ``None`` when there is none (a run stopped before its end)."""
+    path = Path(checkpoint)
+    summary = (path if path.is_dir() else path.parent) / "summary.json"
+    return json.loads(summary.read_text()) if summary.is_file() else None
+
+
+def model_card(
+    model: nn.Module,
+    checkpoint: str | Path | None = None,
+    *,
+    ema: bool = False,
+    hub_id: str | None = None,
+) -> str:
+    """The ``README.md`` of ``model`` in timm's Hugging Face layout, as timm's
+    ``push_to_hf_hub`` lays it out (``timm.models._hub.generate_readme``).
+
+    YAML front matter (``tags``, ``pipeline_tag``, ``library_name: timm``, ``license`` and
+    ``datasets`` from the run), then the model's details: its name and architecture,
+    parameters, forward GFLOPs of one image at its input size
+    (:func:`ssog.models.count_flops`), the file its weights come from (``checkpoint``, a
+    run's; ``ema``: its EMA weights), the data set and the final and best metrics of that
+    run (:func:`run_summary`; without a checkpoint: initial weights), how to
+    load it (``timm.create_model("hf-hub:HUB_ID")``, ``HUB_ID`` ``USER/REPO`` until given, or
+    ``local-dir:``), and BibTeX for the paper (``ssog.models._registry.PAPER``, what every
+    preset's ``pretrained_cfg`` holds) and for this library. The licence is the
+    ``pretrained_cfg``'s, else the project's (MIT).
+    """
+    from timm.models._hub import generate_readme
+
+    from .models._registry import LICENSE, PAPER
+
+    pretrained = getattr(model, "pretrained_cfg", None) or {}
+    name = pretrained.get("architecture") or type(model).__name__
+    details: dict[str, Any] = {"Model Type": "Image classification / feature backbone"}
+    family, op = getattr(model, "family", None), getattr(model, "op", None)
+    if family in FAMILY_NAMES and op in MIXER_NAMES:
+        details["Architecture"] = f"{FAMILY_NAMES[family]}, {MIXER_NAMES[op]}"
+    details["Model Stats"] = _model_stats(model)
+    if checkpoint is None:
+        details["Weights"] = "initial (random) weights of the architecture, not trained"
+    else:
+        details["Weights"] = f"{'the EMA weights of ' if ema else ''}a run's {Path(checkpoint).name}"
+        summary = run_summary(checkpoint)
+        if summary:
+            details["Dataset"] = summary["dataset"]
+            details["Metrics"] = _metrics(summary)
+    details["Papers"] = [f"{PAPER['paper_name']}: {PAPER['origin_url']}"]
+    details["Library"] = f"ssog {_version()}"
+    card = {
+        "tags": ["image-classification", "timm", "ssog"],
+        "library_name": "timm",
+        "license": pretrained.get("license") or LICENSE,
+        "description": f"{name}: an image classifier of the ssog library, in timm's format. "
+                       "It takes any image size divisible by its patch (the position embedding is resampled).",
+        "details": details,
+        "usage": _usage(hub_id or "USER/REPO"),
+        "citation": [_paper_bibtex(), _library_bibtex()],
+    }
+    return generate_readme(card, name)
+
+
+def _model_stats(model: nn.Module) -> dict[str, str]:
+    params = sum(p.numel() for p in model.parameters())
+    stats = {"Params (M)": f"{params / 1e6:.3f}", "Params": f"{params:,}"}
+    patch_embed = getattr(model, "patch_embed", None)
+    if patch_embed is not None and hasattr(model, "num_prefix_tokens"):  # what count_flops reads
+        from .models import count_flops
+
+        height, width = patch_embed.img_size
+        stats["GFLOPs"] = f"{count_flops(model)['total_gflops']:.4g} (one {height}x{width} image, 2 per multiply-add)"
+        stats["Image size"] = f"{height} x {width}"
+    return stats
+
+
+def _metrics(summary: dict[str, Any]) -> dict[str, str]:
+    """The run's final epoch and best checkpoint, from its ``summary.json``."""
+    final = f"Acc@1 {summary['acc1']:.2f}, Acc@3 {summary['acc3']:.2f}, Acc@5 {summary['acc5']:.2f}, " \
+            f"val loss {summary['loss']:.4f}"
+    metrics = {f"Final (epoch {summary['epochs']})": final}
+    if "ema_acc1" in summary:
+        metrics["Final EMA"] = f"Acc@1 {summary['ema_acc1']:.2f}, Acc@5 {summary['ema_acc5']:.2f}"
+    best = "EMA Acc@1" if summary.get("best_metric") == "ema_acc1" else "Acc@1"
+    metrics["Best"] = f"{best} {summary['best_acc1']:.2f} at epoch {summary['best_epoch']} (best.safetensors)"
+    return metrics
+
+
+def _usage(hub_id: str) -> str:
+    return (
+        "```python\n"
+        "import timm\n"
+        "import ssog  # registers the ssog architectures with timm\n\n"
+        f"model = timm.create_model(\"hf-hub:{hub_id}\", pretrained=True).eval()\n"
+        "# or from a local copy of this folder: timm.create_model(\"local-dir:PATH\", pretrained=True)\n"
+        "transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))\n"
+        "```\n"
+    )
+
+
+def _paper_bibtex() -> str:
+    from .models._registry import PAPER, PAPER_AUTHORS
+
+    arxiv = PAPER["paper_ids"].removeprefix("arXiv:")
+    year = "20" + arxiv[:2]  # an arXiv identifier starts with the year and month, YYMM
+    return (
+        f"@article{{ssog{year},\n"
+        f"  title={{{PAPER['paper_name']}}},\n"
+        f"  author={{{' and '.join(PAPER_AUTHORS)}}},\n"
+        f"  journal={{arXiv preprint arXiv:{arxiv}}},\n"
+        f"  year={{{year}}},\n"
+        f"  url={{{PAPER['origin_url']}}}\n"
+        "}"
+    )
+
+
+def _library_bibtex() -> str:
+    return (
+        "@software{ssog_library,\n"
+        f"  title={{{LIBRARY_TITLE}}},\n"
+        "  author={{the ssog authors}},\n"
+        f"  version={{{_version()}}}\n"
+        "}"
+    )
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

@@ -4,16 +4,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import TYPE_CHECKING
 
 from .info import check_num_classes
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export",
         help="export a model or a run's checkpoint to ONNX (verified with onnxruntime)",
-        description="Export to ONNX with torch.onnx.export(dynamo=True) and a dynamic batch dimension, "
-                    "then run the file in onnxruntime on another batch size and compare it with PyTorch "
+        description="Export to ONNX with torch.onnx.export(dynamo=True) and a dynamic batch dimension "
+                    "(--dynamic-size: and a dynamic height and width), then run the file in onnxruntime on "
+                    "another batch size (and image size) and compare it with PyTorch "
                     "(max abs difference <= --atol) before reporting success. Needs the export extra: "
                     "pip install 'ssog[export]'. Fixed and steered SSoG, MHA, all three families; "
                     "the continuous family with a fixed-step solver. A file that fails the check is never "
@@ -31,8 +36,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "model.safetensors) through timm.models.save_for_hf, which "
                              "timm.create_model('local-dir:DIR', pretrained=True) loads")
     parser.add_argument("--ema", action="store_true", help="export the run's EMA weights (trained with ema_decay)")
+    parser.add_argument("--hub-id", metavar="USER/REPO",
+                        help="--format hf: the Hugging Face hub repository the folder will be uploaded to, named in "
+                             "its model card (README.md) as timm.create_model('hf-hub:USER/REPO')")
     parser.add_argument("--num-classes", type=int, help="classifier outputs of --model (default: the preset's)")
     parser.add_argument("--batch-size", type=int, default=2, help="batch size traced (the batch is dynamic)")
+    parser.add_argument("--img-size", type=int,
+                        help="image side traced, in pixels, a multiple of the patch (default: the model's); "
+                             "without --dynamic-size the file takes this size only. SSoG kernels stay as trained, "
+                             "in tokens: the file computes model(images) at this size")
+    parser.add_argument("--dynamic-size", action="store_true",
+                        help="any height and width that are multiples of the patch, of at least 2 patches "
+                             "(checked at --img-size and at a size 2 patches higher and 1 wider)")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest accepted |onnxruntime - PyTorch|")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
@@ -50,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
                          f"got {args.atol}")
     if args.format == "hf":
         return _run_hf(args)
-    from ssog.data.data_config import model_data_config
-    from ssog.export import ExportMismatch, export_onnx, missing_export_packages
+    if args.hub_id:
+        raise ValueError("--hub-id names the hub repository in the model card of --format hf; an ONNX file has none")
+    from ssog.export import MIN_PATCHES, ExportMismatch, export_onnx, missing_export_packages
     from ssog.files import refuse_existing
 
     if not args.overwrite:
@@ -70,22 +86,44 @@ def run(args: argparse.Namespace) -> int:
         from ssog.train.transfer import model_from_checkpoint
 
         model, name = model_from_checkpoint(args.checkpoint, ema=args.ema), args.checkpoint
-    patch_embed = getattr(model, "patch_embed", None)
-    # A model without patches (a timm CNN run) is exported at the input size it trained at.
-    input_size = (model.in_chans, *patch_embed.img_size) if patch_embed is not None else \
-        tuple(model_data_config(model)["input_size"])
+    input_size = _input_size(model, args.img_size)
     try:
-        result = export_onnx(model, args.output, input_size, batch_size=args.batch_size, atol=args.atol,
-                             overwrite=args.overwrite)
+        result = export_onnx(model, args.output, input_size, batch_size=args.batch_size,
+                             dynamic_size=args.dynamic_size, atol=args.atol, overwrite=args.overwrite)
     except ExportMismatch as error:  # the file was not written: one line, as for bad input
         raise ValueError(f"the export does not compute the model: {error}") from None
     if args.json:
         print(json.dumps({"source": name, **result}, indent=2))
     else:
-        print(f"exported {name} to {result['path']} (input (batch, {', '.join(map(str, input_size))}), "
-              f"dynamic batch); onnxruntime on batch {result['verified_batch_size']} matches PyTorch "
+        channels, height, width = input_size
+        if args.dynamic_size:
+            rows, cols = model.patch_embed.patch_size
+            multiples = f"multiples of {rows}" if rows == cols else f"multiples of {rows} and {cols}"
+            shape = f"(batch, {channels}, height, width), height and width {multiples}, {MIN_PATCHES} patches or more"
+        else:
+            shape = f"(batch, {channels}, {height}, {width})"
+        sizes = " and ".join("x".join(map(str, size)) for size in result["verified_sizes"])
+        print(f"exported {name} to {result['path']} (input {shape}, dynamic batch); onnxruntime on batch "
+              f"{result['verified_batch_size']} at {sizes} matches PyTorch "
               f"(max |diff| {result['max_abs_diff']:.2e} <= {args.atol:g})")
     return 0
+
+
+def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
+    """``(C, H, W)`` to trace: ``img_size`` square (a multiple of the patch), else the model's
+    own size; a model without patches (a timm CNN run) at the input size it trained at."""
+    from ssog.data.data_config import model_data_config
+
+    patch_embed = getattr(model, "patch_embed", None)
+    channels, height, width = (model.in_chans, *patch_embed.img_size) if patch_embed is not None else \
+        tuple(model_data_config(model)["input_size"])
+    if img_size is None:
+        return channels, height, width
+    patch = tuple(patch_embed.patch_size) if patch_embed is not None else (1, 1)
+    if img_size < 1 or img_size % patch[0] or img_size % patch[1]:
+        raise ValueError(f"--img-size must be a positive multiple of the patch size {'x'.join(map(str, patch))}, "
+                         f"got {img_size}")
+    return channels, img_size, img_size
 
 
 def _run_hf(args: argparse.Namespace) -> int:
@@ -94,13 +132,18 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.overwrite:  # said, not ignored: a folder of the user's is never replaced
         raise ValueError("--overwrite replaces an .onnx file; --format hf writes a new folder and never replaces "
                          "one: choose a new --output")
+    if args.img_size is not None or args.dynamic_size:
+        raise ValueError("--img-size and --dynamic-size shape an ONNX file; --format hf writes the weights, which "
+                         "take any size divisible by the patch")
     if args.model:
+        from ssog.export import model_card
         from ssog.models import create_model
 
         kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
-        directory = save_for_hf(create_model(args.model, **kwargs), args.output)
+        model = create_model(args.model, **kwargs)
+        directory = save_for_hf(model, args.output, readme=model_card(model, hub_id=args.hub_id))
     else:
-        directory = save_run_for_hf(args.checkpoint, args.output, ema=args.ema)
+        directory = save_run_for_hf(args.checkpoint, args.output, ema=args.ema, hub_id=args.hub_id)
     files = ", ".join(sorted(p.name for p in directory.iterdir()))
     if args.json:
         print(json.dumps({"source": args.model or args.checkpoint, "path": str(directory), "format": "hf"}, indent=2))

@@ -22,6 +22,19 @@ from .weights import checkpoint_filter_fn
 from ._blocks import OPS
 from ._names import MODEL_NAMES
 
+#: The paper the models implement, in timm's ``pretrained_cfg`` fields (``origin_url``: where
+#: the method comes from, the paper's page); every preset's config holds them, and
+#: ``ssog export --format hf`` writes them to config.json and cites them in the model card.
+PAPER: dict[str, str] = {
+    "paper_name": "Beyond Quadratic Attention: Separable Gaussian Operators for ODE Vision Transformers",
+    "paper_ids": "arXiv:2611.08236",
+    "origin_url": "https://arxiv.org/abs/2611.08236",
+}
+#: Its authors, ``family, given`` (the model card's BibTeX).
+PAPER_AUTHORS: tuple[str, ...] = ("Boned Riera, Carlos", "Romero Sanchez, David", "Ramos Terrades, Oriol")
+#: The project's licence (pyproject.toml, LICENSE), as timm's ``pretrained_cfg["license"]``.
+LICENSE = "mit"
+
 _DIGITS_CFG = dict(input_size=(1, 8, 8), num_classes=10, mean=(0.5,), std=(0.5,), crop_pct=1.0)
 
 #: Presets: model arguments (``applications`` = blocks / loop iterations / NFE) and the
@@ -65,7 +78,8 @@ def _cfg(**overrides: Any) -> dict[str, Any]:
         "std": IMAGENET_DEFAULT_STD,
         "first_conv": "patch_embed.proj",
         "classifier": "head",
-        "license": "mit",
+        "license": LICENSE,
+        **PAPER,
         **overrides,
     }
 

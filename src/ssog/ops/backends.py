@@ -16,7 +16,8 @@ Fixed (content-independent) kernels, one per head, shared by the whole batch:
 Query-steered kernels differ per query, so they are built and applied in query chunks.
 
 Blocks and chunks are sized from the batch, except where a captured graph must hold for
-every batch (:func:`ssog.ops.capture.any_batch`): they are then sized for one image and span all of them.
+every batch (:func:`ssog.ops.capture.any_batch`): they are then sized for one image and span all of them;
+and except where it must hold for every grid (:func:`ssog.ops.capture.any_grid`): then the work is one block.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .capture import any_batch, functorch_wrapped
+from .capture import any_batch, any_grid, functorch_wrapped
 from .kernels import query_positions, steered_axis_kernels
 
 #: Bytes of intermediate one block of the separable path may use, at most (and at most
@@ -104,16 +105,17 @@ def fixed_separable(
         ``(B, H, N, d)``.
     """
     batch, heads, n, dim = v.shape
-    every_image = any_batch(batch)
-    images = 1 if every_image else batch
-    block_bytes = block_bytes or min(SEPARABLE_BLOCK_BYTES, images * heads * n * dim * v.element_size())
     _, atoms, rows, _ = ky.shape
     cols = kx.shape[-1]
+    every_grid = any_grid((rows, cols))  # one block of every query row (blocks sized by the grid would guard on it)
+    every_image = any_batch(batch) or every_grid
+    images = 1 if every_image else batch
+    block_bytes = block_bytes or min(SEPARABLE_BLOCK_BYTES, images * heads * n * dim * v.element_size())
     ky = ky.to(v.dtype).transpose(1, 2).reshape(heads, rows * atoms, rows)  # [(y', r), y]
     kx = kx.to(v.dtype).transpose(1, 2).reshape(heads, cols, atoms * cols)  # [x', (r, x)]
     row_bytes = atoms * cols * (dim + cols) * v.element_size()  # intermediate + its x kernel
-    if every_image:
-        rows_per_block = max(1, min(rows, block_bytes // (row_bytes * heads)))  # one image's rows
+    if every_image:  # blocks of one image's rows (every row on a symbolic grid)
+        rows_per_block = rows if every_grid else max(1, min(rows, block_bytes // (row_bytes * heads)))
         return _separable_every_image(v, ky, kx, rows_per_block, key_rows)
     values = v.reshape(batch * heads, rows, cols * dim)
     # One kernel per (batch, head) item: a gather of a few hundred KiB, done once.
@@ -181,7 +183,7 @@ def _separable_every_image(
         mixed = mixed.view(batch, heads, y1 - y0, atoms * cols, dim)
         return torch.matmul(kx.unsqueeze(1), mixed)  # (B, H, y', x', d)
 
-    starts = range(0, rows, rows_per_block)
+    starts = (0,) if rows_per_block >= rows else range(0, rows, rows_per_block)  # not range() of a symbolic grid
     out = torch.cat([_checkpointed(block, values, y0, several=len(starts) > 1) for y0 in starts], dim=2)
     return out.reshape(batch, heads, n, dim)
 
@@ -265,13 +267,17 @@ def steered_mix(
     dtype = mu.dtype
     query_y, query_x = query_positions(grid_size, v.device)
     images = 1 if any_batch(batch) else batch  # chunks sized for one image: one graph for every batch
+    every_grid = any_grid(grid_size)  # one chunk of every query (chunks sized by the grid would guard on it)
     if not separable:
         query_bytes = images * heads * n * torch.finfo(dtype).bits // 8  # one query's rows
-        # At most n: then a chunk of every query is the same slice with and without autograd
-        # (torch.jit.trace checks its graph by tracing again without autograd).
-        chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
-        if n * query_bytes <= STEERED_SAVED_ROWS_BYTES and _recompute_in_backward(v, mu, sigma, weight):
+        # Chunks of a graph for every batch do not depend on autograd: torch.jit.trace checks its
+        # graph by tracing again without autograd (and at most n: the same slice either way).
+        keep_rows = not any_batch(batch) and n * query_bytes <= STEERED_SAVED_ROWS_BYTES and \
+            _recompute_in_backward(v, mu, sigma, weight)
+        if every_grid or keep_rows:
             chunk = n
+        else:
+            chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
         grid_values = v.contiguous().view(batch, heads, rows, cols, dim)  # once, not once per chunk
         full = (0, rows, 0, cols)
         outputs = [
@@ -280,13 +286,14 @@ def steered_mix(
                 weight[:, :, q0 : q0 + chunk], query_y[q0 : q0 + chunk], query_x[q0 : q0 + chunk], full,
                 several=chunk < n,
             )
-            for q0 in range(0, n, chunk)
+            for q0 in _chunk_starts(n, chunk)
         ]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
     values = v.view(batch, heads, rows, cols, dim).transpose(2, 3).reshape(batch, heads, cols, rows * dim)
     per_query = images * heads * atoms * rows * dim
-    chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (per_query * torch.finfo(dtype).bits // 8)))
+    chunk = n if every_grid else \
+        min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // (per_query * torch.finfo(dtype).bits // 8)))
 
     def mix_chunk(values: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, q0: int) -> Tensor:
         q1 = q0 + mu.shape[2]
@@ -305,9 +312,15 @@ def steered_mix(
             mix_chunk, values, mu[:, :, q0 : q0 + chunk], sigma[:, :, q0 : q0 + chunk],
             weight[:, :, q0 : q0 + chunk], q0, several=chunk < n,
         )
-        for q0 in range(0, n, chunk)
+        for q0 in _chunk_starts(n, chunk)
     ]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def _chunk_starts(n: int | torch.SymInt, chunk: int | torch.SymInt) -> range | tuple[int]:
+    """First query of each chunk of ``chunk`` queries out of ``n``; without ``range`` for one
+    chunk (of a symbolic ``n``, ``range`` would take the example's value)."""
+    return (0,) if chunk >= n else range(0, n, chunk)
 
 
 def _recompute_in_backward(*tensors: Tensor) -> bool:

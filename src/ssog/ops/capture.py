@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["any_batch", "capturing_graph", "functorch_wrapped"]
+__all__ = ["any_batch", "any_grid", "capturing_graph", "functorch_wrapped"]
 
 
 def capturing_graph() -> bool:
@@ -28,6 +28,17 @@ def any_batch(batch: int | torch.SymInt) -> bool:
     would then guard on the example's (an export error) or bake it in (a trace that fails,
     or silently computes something else, at another batch)."""
     return isinstance(batch, torch.SymInt) or torch.jit.is_tracing()
+
+
+def any_grid(grid_size: tuple[int | torch.SymInt, int | torch.SymInt]) -> bool:
+    """Whether the graph being captured must hold for every token grid: a symbolic ``(Hg, Wg)``
+    (``torch.export`` with dynamic height and width, ``torch.compile`` with dynamic shapes).
+    Choosing a backend by cost, or cutting the work into blocks of query rows or chunks of
+    queries, from the grid would then guard on the example's grid (an export error, or a
+    program that refuses every other image size); the work is then done in one piece, with
+    a backend chosen from no size. (``torch.jit.trace`` has no symbolic sizes: it records the
+    choices made for the example's grid, and a traced model is meant for that image size.)"""
+    return any(isinstance(size, torch.SymInt) for size in grid_size)
 
 
 def functorch_wrapped(*tensors: Tensor) -> bool:

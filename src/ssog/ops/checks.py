@@ -33,10 +33,12 @@ MAX_CENTRE_OFFSET = 2.0**20
 
 
 def check_grid(grid_size: tuple[int, int]) -> tuple[int, int]:
-    """``(Hg, Wg)`` as two positive ints."""
+    """``(Hg, Wg)`` as two positive ints (symbolic ones, of a graph recorded for any image
+    size, are kept symbolic: ``int()`` would fix the graph to the example's grid)."""
     try:
-        rows, cols = (int(s) for s in grid_size)
-        whole = all(int(s) == s for s in grid_size)  # 4.5 tokens would be truncated, silently
+        rows, cols = (s if isinstance(s, torch.SymInt) else int(s) for s in grid_size)
+        # 4.5 tokens would be truncated, silently
+        whole = all(isinstance(s, torch.SymInt) or int(s) == s for s in grid_size)
     except (TypeError, ValueError):
         whole = False
     if not whole:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import backends
-from .capture import any_batch, functorch_wrapped
+from .capture import any_batch, any_grid, functorch_wrapped
 from .checks import check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
 from .registry import BACKENDS, check_backend, pytorch_backend, windowed_tiles
@@ -233,8 +233,13 @@ def choose_backend(
     ``DENSE_MAX_MATRIX_BYTES``. A graph that must hold for every batch
     (:func:`ssog.ops.capture.any_batch`: ``torch.export`` with a dynamic batch,
     ``torch.jit.trace``) is chosen for as for a large batch, where building ``A`` once is
-    shared by all images: the choice then depends on the grid, atoms and head_dim alone,
-    not on the example's batch. The costs
+    shared by all images, and for the forward pass: the choice then depends on the grid,
+    atoms and head_dim alone, not on the example's batch, nor on autograd (``torch.jit.trace``
+    records twice, the second time without autograd, and refuses a graph that differs). A
+    graph that must hold for every grid (:func:`ssog.ops.capture.any_grid`: ``torch.export``
+    with a dynamic height and width) uses ``separable`` for fixed kernels, which holds at
+    every grid (dense's ``A`` grows as ``N^2``), and ``dense`` rows for steered ones, as
+    below. The costs
     and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
     From shapes alone, steered
     kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
@@ -243,13 +248,16 @@ def choose_backend(
     """
     batch, heads, n, dim = value_shape
     if any_batch(batch):
-        batch, matrix_cached = 1, True
+        batch, matrix_cached, requires_grad = 1, True, False
     if BACKENDS["cpp"].can_run(device, dtype, dim, steered, requires_grad):
         _debug("choose_backend: cpp (fused CPU kernels, no autograd)")
         return "cpp"
     if steered:
         _debug("choose_backend: dense for steered kernels (from shapes alone)")
         return "dense"
+    if any_grid(grid_size):
+        _debug("choose_backend: separable for fixed kernels on a symbolic grid (any image size)")
+        return "separable"
     rows, cols = grid_size
     if device.type == "cpu":
         separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU

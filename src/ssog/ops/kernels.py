@@ -187,5 +187,8 @@ def steered_axis_kernels(mu: Tensor, sigma: Tensor, query_pos: Tensor, length: i
 def query_positions(grid_size: tuple[int, int], device: torch.device) -> tuple[Tensor, Tensor]:
     """Row and column index of every token of a row-major ``Hg x Wg`` grid, each ``(N,)``."""
     rows, cols = grid_size
-    index = torch.arange(rows * cols, device=device)
-    return index // cols, index % cols
+    # Broadcast, not ``index // cols, index % cols``: ONNX cannot take the remainder by a
+    # symbolic ``cols`` (an export for every image size).
+    row = torch.arange(rows, device=device).unsqueeze(1).expand(rows, cols)
+    col = torch.arange(cols, device=device).unsqueeze(0).expand(rows, cols)
+    return row.reshape(-1), col.reshape(-1)

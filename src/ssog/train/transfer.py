@@ -209,9 +209,10 @@ def _architecture_init(init_from: str | None) -> str | None:
 HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 
 
-def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
+def save_for_hf(model: torch.nn.Module, directory: str | Path, readme: str | None = None) -> Path:
     """Write ``model`` in timm's Hugging Face layout (``config.json`` with its architecture,
-    arguments, data config and class names; ``model.safetensors``) to the new or empty folder
+    arguments, data config and class names; ``model.safetensors``; ``README.md``: ``readme``,
+    its model card, :func:`ssog.export.model_card`) to the new or empty folder
     ``directory``, through ``timm.models.save_for_hf``, so that
     ``timm.create_model("local-dir:DIR", pretrained=True)`` (or ``hf-hub:USER/REPO`` once
     uploaded) rebuilds it. The files are written to a temporary folder beside it and moved
@@ -232,6 +233,8 @@ def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
     try:
         timm_save_for_hf(model, tmp, model_config={"label_names": labels} if labels else None,
                          safe_serialization=True)
+        if readme is not None:
+            (tmp / "README.md").write_text(readme, encoding="utf-8")
         for file in tmp.iterdir():  # safetensors writes 0600: give every file what the umask allows
             os.chmod(file, new_file_mode())
         os.replace(tmp, directory)  # replaces an empty folder too
@@ -241,12 +244,19 @@ def save_for_hf(model: torch.nn.Module, directory: str | Path) -> Path:
     return directory
 
 
-def save_run_for_hf(checkpoint: str | Path, directory: str | Path, ema: bool = False) -> Path:
+def save_run_for_hf(
+    checkpoint: str | Path, directory: str | Path, ema: bool = False, hub_id: str | None = None,
+) -> Path:
     """A run's trained model (a run folder: its ``best``; ``ema``: its EMA weights) in timm's
-    Hugging Face layout (:func:`save_for_hf`), with the run's data config and class names."""
+    Hugging Face layout (:func:`save_for_hf`), with the run's data config and class names, and
+    its model card (:func:`ssog.export.model_card`: the run's metrics; ``hub_id``, ``USER/REPO``,
+    the name it loads by from the hub)."""
     path = checkpoint_path(checkpoint, "best")
     config = load_checkpoint(path, only=("config",)).get("config") or {}
     if (config.get("init_from") or "").startswith(TIMM_INIT_PREFIX):
         raise ValueError(f"{path} is a timm model converted to SSoG ({config['init_from']}); timm's layout names "
                          "an architecture timm can rebuild, which a conversion is not: use ssog.convert on it")
-    return save_for_hf(model_from_checkpoint(path, ema=ema), directory)
+    from ssog.export import model_card
+
+    model = model_from_checkpoint(path, ema=ema)
+    return save_for_hf(model, directory, readme=model_card(model, path, ema=ema, hub_id=hub_id))
