@@ -215,7 +215,8 @@ class SSoGAttention(nn.Module):
         dd = {"device": device, "dtype": dtype}
         check_mixer_options(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
                             steer_radius=steer_radius, centre_radius=centre_radius,
-                            num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init, proj_drop=proj_drop)
+                            num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init, proj_drop=proj_drop,
+                            attn_drop=attn_drop)
         check_backend(backend)
 
         scale = _axis_pair(kernel_scale, "kernel_scale")
