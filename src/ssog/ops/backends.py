@@ -274,10 +274,8 @@ def steered_mix(
         # graph by tracing again without autograd (and at most n: the same slice either way).
         keep_rows = not any_batch(batch) and n * query_bytes <= STEERED_SAVED_ROWS_BYTES and \
             _recompute_in_backward(v, mu, sigma, weight)
-        if every_grid or keep_rows:
-            chunk = n
-        else:
-            chunk = min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
+        chunk = n if every_grid or keep_rows else \
+            min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
         grid_values = v.contiguous().view(batch, heads, rows, cols, dim)  # once, not once per chunk
         full = (0, rows, 0, cols)
         outputs = [
