@@ -21,7 +21,7 @@ from typing import Any
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
-from .layers import SSoGAttention, kernel_scale_for_grid, named_mixers
+from .layers import CLASS_TOKEN_POOLING, SSoGAttention, kernel_scale_for_grid, named_mixers
 
 __all__ = ["PATCH_POOLS", "convert", "convert_state_dict"]
 
@@ -93,10 +93,8 @@ def convert(
         fix = ("convert it with global_pool='avg' to pool the patches" if _pools_as_told(model) else
                "its head reads its prefix tokens whatever global_pool says: fine-tune a model that pools patches")
         logger.warning(
-            "%s converted to SSoG pools by its class token, so its last block's kernels get no gradient: only "
-            "the class token's output of the last block reaches the loss, and SSoG mixes only patch tokens (a "
-            "class token reads the mean of the patch values); %s (docs/models.md, \"Converting a timm ViT\")",
-            _model_name(model), fix,
+            "%s converted to SSoG pools by its class token: %s; %s (docs/models.md, \"Converting a timm ViT\")",
+            _model_name(model), CLASS_TOKEN_POOLING, fix,
         )
     return model
 

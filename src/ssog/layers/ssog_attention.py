@@ -21,6 +21,11 @@ from ._tokens import prefix_mean_rows, refuse_torchscript, square_grid
 from .options import check_mixer_options
 
 STEERABLE = ("mu", "sigma", "lambda")
+#: Why an SSoG model pooled by its class token never trains its last block's kernels (the
+#: models and :func:`ssog.convert` warn with it).
+CLASS_TOKEN_POOLING = ("only the class token's output of the last block reaches the loss, and SSoG mixes only patch "
+                       "tokens (a class token reads the mean of the patch values), so the last block's kernels get "
+                       "no gradient")
 #: The key of each steered parameter in ``steer_proj`` / ``steer_gate``: its name, but for
 #: ``lambda``, a Python keyword, which code that torch.fx generates (``torch.export``'s
 #: ``ExportedProgram.module()``, ONNX export) writes as an attribute and cannot compile.
@@ -482,6 +487,7 @@ def _module_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str,
 
 
 __all__ = [
+    "CLASS_TOKEN_POOLING",
     "SSoGAttention", "STEERABLE", "CENTRE_INITS", "WIDTH_INITS", "KERNEL_UNITS", "REFERENCE_GRID",
     "describe_initial_kernels", "initial_centres", "initial_widths", "kernel_scale_for_grid", "multiscale_widths",
 ]

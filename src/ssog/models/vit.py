@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from timm.models._features import feature_take_indices
 
 from ..layers.options import check_options
+from ..layers import CLASS_TOKEN_POOLING
 from ._base import ViTBase
 from ._blocks import Block
 from ._registry import register_family
@@ -38,9 +39,8 @@ class ViT(ViTBase):
         self.depth = depth
         if self.op == "ssog" and self.global_pool == "token":
             logger.warning(
-                "an SSoG ViT pooled by its class token never trains the last block's kernels "
-                "(the class token reads only the mean of the patch values); global_pool='avg' "
-                "without a class token is the SSoG default (docs/results/accuracy.md)"
+                "an SSoG ViT pooled by its class token never trains the last block's kernels: %s; global_pool='avg' "
+                "without a class token is the SSoG default (docs/results/accuracy.md)", CLASS_TOKEN_POOLING,
             )
         block_args = self._block_args()
         self.blocks = nn.ModuleList(
