@@ -183,7 +183,7 @@ def _separable_every_image(
         mixed = mixed.view(batch, heads, y1 - y0, atoms * cols, dim)
         return torch.matmul(kx.unsqueeze(1), mixed)  # (B, H, y', x', d)
 
-    starts = (0,) if rows_per_block >= rows else range(0, rows, rows_per_block)  # not range() of a symbolic grid
+    starts = _starts(rows, rows_per_block)
     out = torch.cat([_checkpointed(block, values, y0, several=len(starts) > 1) for y0 in starts], dim=2)
     return out.reshape(batch, heads, n, dim)
 
@@ -272,10 +272,9 @@ def steered_mix(
         query_bytes = images * heads * n * torch.finfo(dtype).bits // 8  # one query's rows
         # Chunks of a graph for every batch do not depend on autograd: torch.jit.trace checks its
         # graph by tracing again without autograd (and at most n: the same slice either way).
-        keep_rows = not any_batch(batch) and n * query_bytes <= STEERED_SAVED_ROWS_BYTES and \
-            _recompute_in_backward(v, mu, sigma, weight)
-        chunk = n if every_grid or keep_rows else \
-            min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
+        whole = every_grid or (not any_batch(batch) and n * query_bytes <= STEERED_SAVED_ROWS_BYTES
+                               and _recompute_in_backward(v, mu, sigma, weight))
+        chunk = n if whole else min(n, max(1, (chunk_bytes or STEERED_CHUNK_BYTES) // query_bytes))
         grid_values = v.contiguous().view(batch, heads, rows, cols, dim)  # once, not once per chunk
         full = (0, rows, 0, cols)
         outputs = [
@@ -284,7 +283,7 @@ def steered_mix(
                 weight[:, :, q0 : q0 + chunk], query_y[q0 : q0 + chunk], query_x[q0 : q0 + chunk], full,
                 several=chunk < n,
             )
-            for q0 in _chunk_starts(n, chunk)
+            for q0 in _starts(n, chunk)
         ]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
@@ -310,15 +309,14 @@ def steered_mix(
             mix_chunk, values, mu[:, :, q0 : q0 + chunk], sigma[:, :, q0 : q0 + chunk],
             weight[:, :, q0 : q0 + chunk], q0, several=chunk < n,
         )
-        for q0 in _chunk_starts(n, chunk)
+        for q0 in _starts(n, chunk)
     ]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def _chunk_starts(n: int | torch.SymInt, chunk: int | torch.SymInt) -> range | tuple[int]:
-    """First query of each chunk of ``chunk`` queries out of ``n``; without ``range`` for one
-    chunk (of a symbolic ``n``, ``range`` would take the example's value)."""
-    return (0,) if chunk >= n else range(0, n, chunk)
+def _starts(length: int | torch.SymInt, step: int | torch.SymInt) -> range | tuple[int]:
+    """``range(0, length, step)``, and ``(0,)`` for one step (``range`` fixes a symbolic ``length``)."""
+    return (0,) if step >= length else range(0, length, step)
 
 
 def _recompute_in_backward(*tensors: Tensor) -> bool:
