@@ -91,7 +91,9 @@ def tier_run(path: Path, variant: str | None) -> tuple[TrainConfig, dict[str, An
 
 
 #: The runs whose best.safetensors a transfer variant starts from.
-SOURCES = {tier_config(*run).init_from for run in RUNS} - {None}
+#: Each run's tier configuration, resolved once for the marks and SOURCES below.
+TIER_CONFIGS = {run: tier_config(*run) for run in RUNS}
+SOURCES = {cfg.init_from for cfg in TIER_CONFIGS.values()} - {None}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +120,7 @@ def test_the_tier_runs_the_papers_sizes():
 def _param(run: tuple[Path, str | None]) -> Any:
     """One run as a test; with pytest-xdist (``--dist loadgroup``), the transfers and their
     sources in one worker, since a transfer starts from its source's run in that worker's folder."""
-    cfg = tier_config(*run)
+    cfg = TIER_CONFIGS[run]
     linked = bool(cfg.init_from) or str(Path(cfg.output) / "best.safetensors") in SOURCES
     return pytest.param(run, id=_id(run), marks=[pytest.mark.xdist_group("recipe_tier_transfer")] if linked else [])
 
