@@ -5,11 +5,15 @@ CPU presets (``*_tiny_patch4_32``, ``*_micro_patch1_8``) at batch 2.
 """
 from __future__ import annotations
 
+import copy
 import json
+import math
 
 import pytest
 import timm
 import torch
+from timm.layers import trunc_normal_
+from torch import nn
 
 import ssog.models  # noqa: F401  (registers the models)
 from ssog.cli import main
@@ -372,6 +376,40 @@ def test_layernorm_field_option():
     assert model(images(model)).shape == (2, 10)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_default_weight_init_is_timms_vit_init(family):
+    """``weight_init=""``: trunc-normal(0.02) position embedding and Linear weights, zero
+    biases, near-zero class token, drawn in module order (the init every run so far had)."""
+    model = timm.create_model(f"mha_{family}_micro_patch1_8")
+    reference = copy.deepcopy(model)
+    torch.manual_seed(1)
+    trunc_normal_(reference.pos_embed, std=0.02)
+    nn.init.normal_(reference.cls_token, std=1e-6)
+    for module in reference.modules():
+        if isinstance(module, nn.Linear):
+            trunc_normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+    torch.manual_seed(1)
+    model.init_weights()
+    for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(ours, theirs), name
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_jax_weight_init_is_xavier_with_a_zero_head_and_a_zero_modulation(op):
+    default = timm.create_model(f"{op}_odevit_tiny_patch4_32")
+    model = timm.create_model(f"{op}_odevit_tiny_patch4_32", weight_init="jax")
+    assert model.config()["weight_init"] == "jax"
+    fc1 = model.field.mlp.fc1.weight
+    bound = math.sqrt(6 / sum(fc1.shape))
+    assert fc1.abs().max() <= bound and fc1.std() > 0.9 * bound / math.sqrt(3)
+    assert default.field.mlp.fc1.weight.std() < 0.021
+    assert not model.head.weight.any() and not model.field.adaLN_modulation[1].weight.any()
+    kernels = {k: v for k, v in default.state_dict().items() if k.rsplit(".", 1)[-1] in ("mu", "rho", "logits")}
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in kernels.items())  # the mixers keep their init
+    assert len(kernels) == (3 if op == "ssog" else 0)
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_bad_images_raise_clear_errors():
     model = timm.create_model("mha_vit_tiny_patch4_32")
@@ -388,6 +426,7 @@ def test_bad_images_raise_clear_errors():
     (dict(global_pool="max"), "unknown global_pool"),
     (dict(img_size=10, patch_size=4), "img_size=10 is not divisible by patch_size=4"),
     (dict(embed_dim=30, num_heads=4), "embed_dim=30 is not divisible by num_heads=4"),
+    (dict(weight_init="xavier"), r"weight_init='xavier': expected one of timm's ViT modes"),
 ])
 def test_bad_architecture_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -41,5 +41,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {part:<12} {params[part]:>12,}")
     print("config:")
     for key, value in info["config"].items():
-        print(f"  {key}: {value}")
+        print(f"  {key}: {value!r}" if value == "" else f"  {key}: {value}")  # '' (timm's default init) visible
     return 0

@@ -9,6 +9,7 @@ A family only says how the tokens are mixed: :meth:`ViTBase.forward_tokens` and
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -17,6 +18,8 @@ from timm.layers import (
 )
 from timm.models._features import feature_take_indices
 from timm.models import checkpoint
+from timm.models._manipulate import named_apply
+from timm.models.vision_transformer import get_init_weights_vit
 from torch import Tensor, nn
 
 from ..layers import SSoGAttention, describe_initial_kernels, kernel_scale_for_grid, named_mixers, ssog_mixers
@@ -30,6 +33,8 @@ GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
 #: mixing step never reaches the logits (in the discrete family its kernels get no gradient);
 #: average pooling measured better (docs/results/accuracy.md). MHA keeps timm's layout.
 DEFAULT_LAYOUT: dict[str, tuple[str, bool]] = {"mha": ("token", True), "ssog": ("avg", False)}
+#: timm's ``VisionTransformer(weight_init=...)`` modes (:meth:`ViTBase.init_weights`).
+WEIGHT_INITS: tuple[str, ...] = ("", "jax", "jax_nlhb", "moco")
 
 
 class ViTBase(nn.Module):
@@ -64,6 +69,10 @@ class ViTBase(nn.Module):
         dynamic_img_size: timm's option: accept any input size divisible by the patch, the
             position embedding resampled to its grid at every forward (the default here);
             ``False`` accepts ``img_size`` only, as timm's ViT does by default.
+        weight_init: timm's ViT init mode (:data:`WEIGHT_INITS`, :meth:`init_weights`):
+            ``""`` trunc-normal(0.02) Linear weights (default), ``"jax"`` Flax's
+            xavier-uniform (the init DiT gives its adaLN-Zero blocks), ``"jax_nlhb"``,
+            ``"moco"``.
 
     Every numeric option (a family's too: it checks its own before calling this) is checked
     against :data:`ssog.layers.options.OPTIONS` before any module is built; a bad value is a
@@ -102,6 +111,7 @@ class ViTBase(nn.Module):
         width_init: str | None = None,
         kernel_units: str | None = None,
         dynamic_img_size: bool = True,
+        weight_init: str = "",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -115,6 +125,8 @@ class ViTBase(nn.Module):
             steer_gate_init=steer_gate_init,
         ))
         check_heads(embed_dim, num_heads, "embed_dim")
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init={weight_init!r}: expected one of timm's ViT modes {WEIGHT_INITS}")
         grid = token_grid(img_size, patch_size)
         global_pool, class_token = _pool_layout(op, global_pool, class_token)
         _check_pool(global_pool, class_token)
@@ -142,6 +154,7 @@ class ViTBase(nn.Module):
         self.has_class_token = class_token
         self.num_prefix_tokens = 1 if class_token else 0
         self.dynamic_img_size = dynamic_img_size
+        self.weight_init = weight_init
 
         # NHWC output: the grid size is read off the embedded tensor, so any input size works.
         self.patch_embed = PatchEmbed(
@@ -168,17 +181,25 @@ class ViTBase(nn.Module):
             proj_drop=self.proj_drop_rate, ssog_args=self.ssog_args, **get_device_dtype(self),
         )
 
-    def init_weights(self) -> None:
-        """timm's ViT init: trunc-normal(0.02) position embedding and Linear weights, zero
-        biases, near-zero class token. The mixers' own kernel parameters keep their init."""
+    def init_weights(self, mode: str | None = None) -> None:
+        """timm's ViT init in ``mode`` (default: the model's ``weight_init``), by timm's own
+        per-module functions: trunc-normal(0.02) position embedding, near-zero class token,
+        then ``""`` trunc-normal(0.02) Linear weights and zero biases; ``"jax"`` xavier-uniform
+        Linear weights, LeCun-normal patch embedding and a zero head (``"jax_nlhb"``: head
+        bias ``-log(num_classes)``); ``"moco"`` xavier-uniform with Q, K, V apart. The mixers'
+        own kernel parameters keep their init (no module is reset)."""
+        mode = self.weight_init if mode is None else mode
+        if mode not in WEIGHT_INITS:
+            raise ValueError(f"weight_init={mode!r}: expected one of timm's ViT modes {WEIGHT_INITS}")
+        head_bias = -math.log(self.num_classes) if "nlhb" in mode and self.num_classes > 1 else 0.0
         trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        try:
+            init_module = get_init_weights_vit(mode, head_bias, needs_reset=False)
+        except TypeError:  # timm before needs_reset, whose functions never reset a module
+            init_module = get_init_weights_vit(mode, head_bias)
+        named_apply(init_module, self)
 
     def config(self) -> dict[str, Any]:
         """The architecture as plain values (what ``ssog info`` prints)."""
@@ -195,6 +216,7 @@ class ViTBase(nn.Module):
             "global_pool": self.global_pool,
             "class_token": self.has_class_token,
             "drop_path_rate": self.drop_path_rate,
+            "weight_init": self.weight_init,
             **self._family_config(),
             **({"ssog": {k: list(v) if isinstance(v, tuple) else v for k, v in self.ssog_args.items()},
                 "kernel_units": self.kernel_units,
