@@ -1,4 +1,5 @@
-"""ssog.analysis and `ssog analyze`: sink metrics, Lipschitz bounds and estimates, kernels."""
+"""ssog.analysis and `ssog analyze`: sink metrics, Lipschitz bounds and estimates, kernels, the
+continuous field's branches."""
 from __future__ import annotations
 
 import json
@@ -7,13 +8,15 @@ import pytest
 import torch
 
 from ssog.analysis import (
-    AnalysisModel, field_lipschitz_bound, high_norm_counts, image_batches, kernel_maps, kernel_statistics,
-    lipschitz_analysis, load_model, local_lipschitz, mixer_lipschitz_bound, most_attended_keys, prefix_mass,
-    residual_rollout, run_kernels, run_lipschitz, run_sinks, same_key_percent, sink_diagnostics, sink_scores,
+    AnalysisModel, field_branches, field_lipschitz_bound, high_norm_counts, image_batches, kernel_maps,
+    kernel_statistics, lipschitz_analysis, load_model, local_lipschitz, mixer_lipschitz_bound, most_attended_keys,
+    prefix_mass, residual_rollout, run_field, run_kernels, run_lipschitz, run_sinks, same_key_percent, sink_diagnostics,
+    sink_scores, token_rms,
 )
 from ssog.cli import main
 from ssog.layers import SSoGAttention
 from ssog.models import create_model
+from ssog.models.odevit import timestep_embedding
 
 SMALL = dict(embed_dim=16, num_heads=2)  # on the 8x8 single-channel preset: 65 tokens
 DEPTH = {"vit": "depth", "loopvit": "num_loops", "odevit": "nfe"}
@@ -193,6 +196,45 @@ def test_kernels_need_an_ssog_model():
         kernel_statistics(small_model("mha", "vit", 1))
 
 
+# ---------------------------------------------------------------------------- field branches
+@pytest.mark.parametrize("op", ["mha", "ssog"])
+def test_field_branches_are_the_gated_mixer_and_mlp_at_each_euler_time(op):
+    model = small_model(op, "odevit", 4)
+    open_field_gates(model)
+    images = noise()
+    result = field_branches(model, images)
+    steps = result["evaluations"]
+    assert [e["t"] for e in steps] == [0.0, 0.25, 0.5, 0.75] and result["images"] == 4
+    field = model.field
+    x, grid = model.embed(images)  # recompute the first evaluation by hand
+    with torch.no_grad():
+        field.grid_size = grid
+        emb = timestep_embedding(torch.tensor(0.0), 16)[None]
+        s_a, b_a, g_a, s_m, b_m, g_m = field.adaLN_modulation(emb).chunk(6, -1)
+        h = field.norm(x)
+        mixer, mlp = g_a * field.attn(h * (1 + s_a) + b_a, grid), g_m * field.mlp(h * (1 + s_m) + b_m)
+    first = steps[0]
+    assert first["gate_mixer"] == pytest.approx(float(g_a.abs().mean()))
+    assert first["gate_mlp"] == pytest.approx(float(g_m.abs().mean()))
+    assert first["mixer"] == pytest.approx(token_rms(mixer)) and first["mlp"] == pytest.approx(token_rms(mlp))
+    assert first["field"] == pytest.approx(token_rms(mixer + mlp)) and first["state"] == pytest.approx(token_rms(x))
+    assert result["mean"]["mlp"] == pytest.approx(sum(e["mlp"] for e in steps) / 4)
+    share = result["mean"]["mlp"] / (result["mean"]["mixer"] + result["mean"]["mlp"])
+    assert result["mlp_share"] == pytest.approx(share) and 0 < share < 1
+
+
+def test_a_fresh_field_has_shut_gates_and_no_mlp_share():
+    result = field_branches(small_model("mha", "odevit", 2), noise())
+    assert all(e["gate_mixer"] == e["gate_mlp"] == e["mixer"] == e["mlp"] == e["field"] == 0
+               for e in result["evaluations"])
+    assert result["mlp_share"] is None and result["mean"]["state"] > 0
+
+
+def test_field_branches_need_a_continuous_model():
+    with pytest.raises(ValueError, match="continuous"):
+        field_branches(small_model("mha", "loopvit", 2), noise())
+
+
 # ---------------------------------------------------------------------------- end to end
 def test_runs_write_json_and_plots(tmp_path):
     sinks = run_sinks(["ssog_loopvit_micro_patch1_8"], num_images=6, batch_size=4, device="cpu", output=tmp_path)
@@ -201,9 +243,11 @@ def test_runs_write_json_and_plots(tmp_path):
                         iters=2, device="cpu", output=tmp_path)
     assert lip[1]["summary"]["mixer"]["within_bound"]
     kernels = run_kernels(["ssog_odevit_micro_patch1_8"], output=tmp_path)
-    for name in ("sinks.json", "lipschitz.json", "kernels.json"):
+    field = run_field(["mha_odevit_micro_patch1_8"], num_images=3, device="cpu", output=tmp_path)
+    assert field[0]["images"] == 3 and field[0]["label"] == "mha_odevit_micro_patch1_8 (random)"
+    for name in ("sinks.json", "lipschitz.json", "kernels.json", "field.json"):
         assert json.loads((tmp_path / name).read_text())
-    for figure in (tmp_path / "lipschitz.png", tmp_path / kernels[0]["figure"]):
+    for figure in (tmp_path / "lipschitz.png", tmp_path / kernels[0]["figure"], tmp_path / "field.png"):
         assert figure.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -244,6 +288,7 @@ def test_cli_analyzes_a_checkpoint_beside_a_random_model(checkpoint, tmp_path, c
     (["sinks"], "at least one checkpoint or model"),
     (["kernels", "--model", "ssog_vit_nope"], "unknown model"),
     (["kernels", "--model", "mha_vit_micro_patch1_8"], "no SSoGAttention"),
+    (["field", "--model", "ssog_vit_micro_patch1_8"], "continuous (ODE-ViT) family"),
     (["sinks", "--model", "ssog_vit_micro_patch1_8", "--data", "mnist"], "unknown data 'mnist'"),
     (["sinks", "--model", "ssog_vit_tiny_patch4_32", "--data", "digits"], "3-channel images"),
     (["kernels", "--checkpoint", "/nonexistent/best.safetensors"], "does not exist"),

@@ -13,7 +13,7 @@ from torch import nn
 from ..files import save_figure
 from .kernels import kernel_maps, ssog_modules
 
-__all__ = ["plot_kernels", "plot_lipschitz", "TARGETS"]
+__all__ = ["plot_field", "plot_kernels", "plot_lipschitz", "TARGETS"]
 
 TARGETS = {"mixer": "token mixer (worst layer)", "field": "continuous vector field (worst step)"}
 
@@ -54,6 +54,30 @@ def plot_lipschitz(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
             ax.legend(fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle("solid: max over scales <= x   dotted: at x   dashed: analytic bound", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """The continuous field's branches along the flow, one colour per model: left, the size
+    of each gated branch (solid: token mixer, dashed: MLP); right, the mean |gate| of each.
+
+    ``results``: :func:`ssog.analysis.field.field_branches` outputs, each with a ``label``.
+    """
+    fig = Figure(figsize=(11, 4.2))
+    sizes, gates = fig.subplots(1, 2)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, result in enumerate(results):
+        color, steps = colors[i % len(colors)], result["evaluations"]
+        times = [e["t"] for e in steps]
+        for ax, (mixer, mlp) in ((sizes, ("mixer", "mlp")), (gates, ("gate_mixer", "gate_mlp"))):
+            ax.plot(times, [e[mixer] for e in steps], "-o", color=color, ms=3, label=f"{result['label']} mixer")
+            ax.plot(times, [e[mlp] for e in steps], "--s", color=color, ms=3, label=f"{result['label']} MLP")
+    sizes.set(xlabel="t", ylabel="RMS of the gated branch per token", title="branch sizes along the flow")
+    gates.set(xlabel="t", ylabel="mean |gate| over channels", title="adaLN-Zero gates")
+    for ax in (sizes, gates):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["kernels_table", "lipschitz_table", "sinks_table"]
+__all__ = ["field_table", "kernels_table", "lipschitz_table", "sinks_table"]
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -73,3 +73,15 @@ def kernels_table(results: Sequence[dict[str, Any]]) -> str:
         rows.append([_label(r), "(all)", "", f"{stats['min_sigma']:.3f}", f"{stats['mean_abs_mu']:.3f}", "",
                      f"{stats['max_weight']:.3f}"])
     return _table(header, rows) + "\n\n" + "\n".join(weights)
+
+
+def field_table(results: Sequence[dict[str, Any]]) -> str:
+    """One row per model: the continuous field's branches, means over its evaluations."""
+    header = ["model", "setting", "evaluations", "|gate| mixer", "|gate| MLP", "mixer RMS", "MLP RMS",
+              "MLP share", "state RMS"]
+    rows = [[
+        _label(r), _setting(r), str(len(r["evaluations"])), _number(r["mean"]["gate_mixer"]),
+        _number(r["mean"]["gate_mlp"]), _number(r["mean"]["mixer"]), _number(r["mean"]["mlp"]),
+        "-" if r["mlp_share"] is None else f"{r['mlp_share']:.2f}", _number(r["mean"]["state"]),
+    ] for r in results]
+    return _table(header, rows)

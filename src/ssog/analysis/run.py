@@ -14,13 +14,14 @@ import torch
 
 from ..files import clear_results, write_atomic
 from ..runtime import check_plotting
+from .field import field_branches
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
 from .loading import AnalysisModel, data_name, image_batches, iter_models
-from .plots import plot_kernels, plot_lipschitz
+from .plots import plot_field, plot_kernels, plot_lipschitz
 from .sinks import sink_diagnostics
 
-__all__ = ["DTYPES", "OUTPUTS", "run_kernels", "run_lipschitz", "run_sinks"]
+__all__ = ["DTYPES", "OUTPUTS", "run_field", "run_kernels", "run_lipschitz", "run_sinks"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -30,6 +31,7 @@ OUTPUTS = {
     "sinks": ("sinks.json",),
     "lipschitz": ("lipschitz.json", "lipschitz.png"),
     "kernels": ("kernels.json", "kernels_*.png"),
+    "field": ("field.json", "field.png"),
 }
 
 
@@ -116,14 +118,47 @@ def run_lipschitz(
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
         images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
         analysis = lipschitz_analysis(loaded.model, images, scales, iters, DTYPES[dtype], seed)
-        identity = loaded.describe()
-        label = f"{identity['model']} ({'random' if loaded.config is None else 'trained'})"
-        return {**identity, "label": label, "data": data_name(loaded, data), "dtype": dtype, **analysis}
+        return {**loaded.describe(), "label": _label(loaded), "data": data_name(loaded, data), "dtype": dtype,
+                **analysis}
 
     results = _for_each_model("lipschitz", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
                               output=output, overwrite=overwrite)
     if output is not None:
         plot_lipschitz(results, Path(output) / "lipschitz.png")
+    return results
+
+
+def _label(loaded: AnalysisModel) -> str:
+    """The model's name and whether it is trained (the legend of the figures)."""
+    return f"{loaded.name} ({'random' if loaded.config is None else 'trained'})"
+
+
+def run_field(
+    models: Sequence[str] = (),
+    checkpoints: Sequence[str | Path] = (),
+    *,
+    data: str | None = None,
+    data_dir: str | None = None,
+    num_images: int = 256,
+    ema: bool = False,
+    seed: int = 0,
+    device: str = "auto",
+    output: str | Path | None = None,
+    overwrite: bool = False,
+) -> list[dict[str, Any]]:
+    """The continuous field's branches (:func:`~ssog.analysis.field.field_branches`) of every
+    model on ``num_images`` validation images, in one forward pass; ``output/field.json`` and
+    ``field.png`` (earlier ones there are refused unless ``overwrite``)."""
+
+    def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
+        images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
+        return {**loaded.describe(), "label": _label(loaded), "data": data_name(loaded, data),
+                **field_branches(loaded.model, images)}
+
+    results = _for_each_model("field", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
+                              output=output, overwrite=overwrite)
+    if output is not None:
+        plot_field(results, Path(output) / "field.png")
     return results
 
 

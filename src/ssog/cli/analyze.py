@@ -1,4 +1,4 @@
-"""``ssog analyze sinks|lipschitz|kernels``: diagnostics of trained or random models."""
+"""``ssog analyze sinks|lipschitz|kernels|field``: diagnostics of trained or random models."""
 from __future__ import annotations
 
 import argparse
@@ -43,7 +43,7 @@ def _data(parser: argparse.ArgumentParser, num_images: int) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "analyze", help="attention sinks (Table 5), Lipschitz constants, learned SSoG kernels",
+        "analyze", help="attention sinks (Table 5), Lipschitz constants, learned SSoG kernels, ODE field branches",
         description="Diagnostics of checkpoints (--checkpoint) and random models (--model), one row per model.",
     )
     commands = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
@@ -82,6 +82,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(kernels)
     kernels.set_defaults(func=run_kernels)
 
+    field = commands.add_parser(
+        "field", help="the continuous (ODE-ViT) vector field's gated branches along the flow",
+        description="For each vector-field evaluation of one forward pass: the mean |gate| of the token mixer "
+                    "and the MLP and the size (RMS per token) of each gated branch and of the state. "
+                    "Writes field.json and field.png.",
+    )
+    _common(field)
+    _data(field, 256)
+    field.set_defaults(func=run_field)
+
 
 def _sources(args: argparse.Namespace) -> dict:
     return dict(models=args.model, checkpoints=args.checkpoint, ema=args.ema, seed=args.seed,
@@ -115,4 +125,14 @@ def run_kernels(args: argparse.Namespace) -> int:
     results = analyse(**_sources(args))
     print(kernels_table(results))
     print(f"\nwrote {args.output / 'kernels.json'} and " + ", ".join(r["figure"] for r in results))
+    return 0
+
+
+def run_field(args: argparse.Namespace) -> int:
+    from ssog.analysis import field_table, run_field as analyse
+
+    results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images)
+    print(field_table(results))
+    print("\nmeans over the evaluations; MLP share: MLP RMS / (mixer RMS + MLP RMS)")
+    print(f"wrote {args.output / 'field.json'} and {args.output / 'field.png'}")
     return 0
