@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from ssog.train import resolve_config, train
+from ssog.train.builders import ModelBuildError
 from ssog.train.dry_run import dry_run, format_dry_run
 from ssog.train.engine import Trainer
 
@@ -84,6 +85,16 @@ def test_dry_run_of_a_recipe_without_its_data_measures_a_stand_in(tmp_path, monk
     assert report["steps_per_epoch"] == 45_000 // 8
     assert "generated images" in ssog_log.text
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_reports_a_model_setting_as_it_is_not_as_missing_data(tmp_path, monkeypatch):
+    """A bad model option is the user's to fix: the model's error, without the hint to measure without the data."""
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_config(CONFIGS / "cifar10_tiny.yaml", "ssog_odevit",
+                         [("dataset", "synthetic"), ("model_kwargs.weight_init", "bogus")])
+    with pytest.raises(ModelBuildError, match=r"weight_init='bogus': expected one of timm's ViT modes.*\)$") as error:
+        dry_run(cfg, steps=1)
+    assert "measure without the data" not in str(error.value)
 
 
 def test_dry_run_on_the_command_line(ssog_cli, run_child, tmp_path):

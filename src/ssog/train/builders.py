@@ -25,8 +25,8 @@ from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
 __all__ = [
-    "DataBundle", "GRAD_CHECKPOINTING", "build_data", "build_eval_data", "build_model", "RESERVED_MODEL_KWARGS",
-    "apply_data_config", "model_pretrained_cfg", "run_data_config", "takes_img_size",
+    "DataBundle", "GRAD_CHECKPOINTING", "ModelBuildError", "build_data", "build_eval_data", "build_model",
+    "RESERVED_MODEL_KWARGS", "apply_data_config", "model_pretrained_cfg", "run_data_config", "takes_img_size",
 ]
 
 #: The ``model_kwargs`` entry that turns on the built model's activation checkpointing
@@ -37,6 +37,11 @@ RESERVED_MODEL_KWARGS = {
     "num_classes": "the data set", "in_chans": "the data set", "img_size": "img_size",
     "drop_path_rate": "drop_path", "pretrained": "init_from",
 }
+
+
+class ModelBuildError(ValueError):
+    """The run's model cannot be built from its settings (``model``, ``model_kwargs``): a
+    setting to fix, never a data source that is missing."""
 
 
 @dataclass
@@ -263,7 +268,7 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
     kwargs = dict(cfg.model_kwargs)
     grad_checkpointing = kwargs.pop(GRAD_CHECKPOINTING, False)
     if not isinstance(grad_checkpointing, bool):
-        raise ValueError(f"model_kwargs {GRAD_CHECKPOINTING} must be true or false, got {grad_checkpointing!r}")
+        raise ModelBuildError(f"model_kwargs {GRAD_CHECKPOINTING} must be true or false, got {grad_checkpointing!r}")
     if cfg.init_from and cfg.init_from.startswith(TIMM_INIT_PREFIX):
         model = _converted_timm_model(cfg, cfg.init_from[len(TIMM_INIT_PREFIX):], kwargs, num_classes, in_chans,
                                       img_size, load_timm_weights)
@@ -281,9 +286,9 @@ def _timm_model(cfg: TrainConfig, kwargs: dict[str, Any], num_classes: int, in_c
     """``timm.create_model(cfg.model, **kwargs)`` for the data."""
     for key, source in RESERVED_MODEL_KWARGS.items():
         if key in kwargs:
-            raise ValueError(f"model_kwargs may not set {key!r}: it comes from {source}")
+            raise ModelBuildError(f"model_kwargs may not set {key!r}: it comes from {source}")
     if not timm.is_model(cfg.model):
-        raise ValueError(f"unknown model {cfg.model!r} (--model); {did_you_mean(cfg.model, timm.list_models())}")
+        raise ModelBuildError(f"unknown model {cfg.model!r} (--model); {did_you_mean(cfg.model, timm.list_models())}")
     args = dict(num_classes=num_classes, in_chans=in_chans, drop_path_rate=cfg.drop_path)
     if takes_img_size(cfg.model):  # a model without a fixed input size (a CNN) does not: the transforms size the images
         args["img_size"] = img_size
@@ -295,7 +300,7 @@ def _timm_model(cfg: TrainConfig, kwargs: dict[str, Any], num_classes: int, in_c
         if is_out_of_memory(error):
             raise
         reason = str(error) if isinstance(error, (TypeError, ValueError)) else f"{type(error).__name__}: {error}"
-        raise ValueError(f"cannot create {cfg.model} with model_kwargs {kwargs}: {reason}") from error
+        raise ModelBuildError(f"cannot create {cfg.model} with model_kwargs {kwargs}: {reason}") from error
 
 
 def _enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:

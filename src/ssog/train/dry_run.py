@@ -25,6 +25,7 @@ import torch
 
 from ssog.models import count_flops
 from ssog.runtime import autocast, is_out_of_memory, torch_settings
+from ssog.train.builders import ModelBuildError
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import Trainer
@@ -45,12 +46,16 @@ def _synchronize(device: torch.device) -> None:
 def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]:
     """The run's :class:`Trainer` (nothing written), or one on generated data of the recipe's
     shape when its data source is a known one that is not on this machine; with notes on
-    the data measured: ``stand_in`` and the real ``train_images`` and ``val_images`` of the source."""
+    the data measured: ``stand_in`` and the real ``train_images`` and ``val_images`` of the source.
+    A model that cannot be built (:class:`ModelBuildError`) is the user's setting to fix, not
+    missing data: it is raised as it is."""
     cfg = dataclasses.replace(cfg, download=False)
     try:
         trainer = Trainer(cfg, ctx, Path(cfg.output or "dry-run"))
         return trainer, {"stand_in": None, "train_images": len(trainer.data.train_loader.dataset),
                          "val_images": len(trainer.data.val_loader.dataset)}
+    except ModelBuildError:
+        raise
     except (ValueError, OSError) as error:
         if cfg.dataset not in KNOWN_SOURCES:
             raise ValueError(f"{error} (measure without the data: add --dataset synthetic)") from error
