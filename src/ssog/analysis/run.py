@@ -68,6 +68,17 @@ def _for_each_model(
     return results
 
 
+def _identity(loaded: AnalysisModel, data: str | None) -> dict[str, Any]:
+    """The model's identity, its figure label (name, trained or random) and the data it is analysed on."""
+    label = f"{loaded.name} ({'random' if loaded.config is None else 'trained'})"
+    return {**loaded.describe(), "label": label, "data": data_name(loaded, data)}
+
+
+def _images(loaded: AnalysisModel, data: str | None, data_dir: str | None, num_images: int, seed: int) -> torch.Tensor:
+    """The first ``num_images`` images of :func:`image_batches` as one batch."""
+    return torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
+
+
 def run_sinks(
     models: Sequence[str] = (),
     checkpoints: Sequence[str | Path] = (),
@@ -116,21 +127,15 @@ def run_lipschitz(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
-        images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
-        analysis = lipschitz_analysis(loaded.model, images, scales, iters, DTYPES[dtype], seed)
-        return {**loaded.describe(), "label": _label(loaded), "data": data_name(loaded, data), "dtype": dtype,
-                **analysis}
+        images = _images(loaded, data, data_dir, num_images, seed)
+        return {**_identity(loaded, data), "dtype": dtype,
+                **lipschitz_analysis(loaded.model, images, scales, iters, DTYPES[dtype], seed)}
 
     results = _for_each_model("lipschitz", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
                               output=output, overwrite=overwrite)
     if output is not None:
         plot_lipschitz(results, Path(output) / "lipschitz.png")
     return results
-
-
-def _label(loaded: AnalysisModel) -> str:
-    """The model's name and whether it is trained (the legend of the figures)."""
-    return f"{loaded.name} ({'random' if loaded.config is None else 'trained'})"
 
 
 def run_field(
@@ -151,9 +156,8 @@ def run_field(
     ``field.png`` (earlier ones there are refused unless ``overwrite``)."""
 
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
-        images = torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
-        return {**loaded.describe(), "label": _label(loaded), "data": data_name(loaded, data),
-                **field_branches(loaded.model, images)}
+        images = _images(loaded, data, data_dir, num_images, seed)
+        return {**_identity(loaded, data), **field_branches(loaded.model, images)}
 
     results = _for_each_model("field", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
                               output=output, overwrite=overwrite)
