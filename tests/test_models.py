@@ -377,9 +377,9 @@ def test_layernorm_field_option():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_default_weight_init_is_timms_vit_init(family):
+def test_timm_default_weight_init_is_timms_vit_init(family):
     """``weight_init=""``: trunc-normal(0.02) position embedding and Linear weights, zero
-    biases, near-zero class token, drawn in module order (the init every run so far had)."""
+    biases, near-zero class token, drawn in module order (every discrete and looped run's init)."""
     model = timm.create_model(f"mha_{family}_micro_patch1_8")
     reference = copy.deepcopy(model)
     torch.manual_seed(1)
@@ -390,16 +390,19 @@ def test_default_weight_init_is_timms_vit_init(family):
             trunc_normal_(module.weight, std=0.02)
             nn.init.zeros_(module.bias)
     torch.manual_seed(1)
-    model.init_weights()
+    model.init_weights("")
     for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
         assert torch.equal(ours, theirs), name
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_jax_weight_init_is_xavier_with_a_zero_head_and_a_zero_modulation(op):
-    default = timm.create_model(f"{op}_odevit_tiny_patch4_32")
-    model = timm.create_model(f"{op}_odevit_tiny_patch4_32", weight_init="jax")
+    """The continuous family's default (DiT's init of adaLN-Zero blocks); the others keep timm's."""
+    default = timm.create_model(f"{op}_odevit_tiny_patch4_32", weight_init="")
+    model = timm.create_model(f"{op}_odevit_tiny_patch4_32")
     assert model.config()["weight_init"] == "jax"
+    assert timm.create_model(f"{op}_vit_micro_patch1_8").weight_init == ""
+    assert timm.create_model(f"{op}_loopvit_micro_patch1_8").weight_init == ""
     fc1 = model.field.mlp.fc1.weight
     bound = math.sqrt(6 / sum(fc1.shape))
     assert fc1.abs().max() <= bound and fc1.std() > 0.9 * bound / math.sqrt(3)

@@ -157,6 +157,11 @@ class OdeViT(ViTBase):
         adjoint: back-propagate with torchdiffeq's adjoint method (memory constant in the
             number of steps, gradients from a backward solve).
         field_norm: ``"center"`` (CenterNorm, default) or ``"layernorm"`` (no affine).
+        weight_init: timm's ViT init mode (:meth:`~ssog.models._base.ViTBase.init_weights`);
+            ``"jax"`` here by default, the xavier-uniform init DiT gives its adaLN-Zero
+            blocks: with the discrete family's trunc-normal(0.02) (``""``) the gated branches
+            start so small that the MLP's gate stays nearly shut, and the continuous models
+            of both operators train worse (docs/results/schedule.md, "A fair continuous baseline").
         **kwargs: see :class:`~ssog.models._base.ViTBase`. ``drop_path_rate`` drops each
             branch of the field independently at every evaluation (fixed-step solvers only).
     """
@@ -175,10 +180,11 @@ class OdeViT(ViTBase):
         atol: float = 1e-4,
         adjoint: bool = False,
         field_norm: str = "center",
+        weight_init: str = "jax",
         **kwargs: Any,
     ) -> None:
         check_options(dict(nfe=nfe, default_nfe=default_nfe, rtol=rtol, atol=atol))  # before the base builds anything
-        super().__init__(**kwargs)
+        super().__init__(weight_init=weight_init, **kwargs)
         self.field_norm = field_norm
         self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
         self.default_nfe = default_nfe
