@@ -160,8 +160,9 @@ class OdeViT(ViTBase):
         weight_init: timm's ViT init mode (:meth:`~ssog.models._base.ViTBase.init_weights`);
             ``"jax"`` here by default, the xavier-uniform init DiT gives its adaLN-Zero
             blocks: with the discrete family's trunc-normal(0.02) (``""``) the gated branches
-            start so small that the MLP's gate stays nearly shut, and the continuous models
-            of both operators train worse (docs/results/schedule.md, "A fair continuous baseline").
+            start so small that their gates open slowly (in continuous MHA the MLP's stayed
+            nearly shut), and the continuous models of both operators train worse
+            (docs/results/schedule.md, "A fair continuous baseline").
         **kwargs: see :class:`~ssog.models._base.ViTBase`. ``drop_path_rate`` drops each
             branch of the field independently at every evaluation (fixed-step solvers only).
     """
