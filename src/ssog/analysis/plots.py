@@ -64,7 +64,7 @@ def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
     ``results``: :func:`ssog.analysis.field.field_branches` outputs, each with a ``label``.
     """
-    fig = Figure(figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2 + 0.2 * len(results)))
     sizes, gates = fig.subplots(1, 2)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, result in enumerate(results):
@@ -77,8 +77,8 @@ def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
     gates.set(xlabel="t", ylabel="mean |gate| over channels", title="adaLN-Zero gates")
     for ax in (sizes, gates):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(*sizes.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 + 0.035 * len(results), 1, 1))  # room for the legend below
     return _save(fig, path)
 
 

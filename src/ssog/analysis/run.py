@@ -69,8 +69,8 @@ def _for_each_model(
 
 
 def _identity(loaded: AnalysisModel, data: str | None) -> dict[str, Any]:
-    """The model's identity, its figure label (name, trained or random) and the data it is analysed on."""
-    label = f"{loaded.name} ({'random' if loaded.config is None else 'trained'})"
+    """The model's identity, its figure label (name and run folder, or "random") and the data it is analysed on."""
+    label = f"{loaded.name} ({'random' if loaded.config is None else Path(loaded.source).parent.name})"
     return {**loaded.describe(), "label": label, "data": data_name(loaded, data)}
 
 
