@@ -151,7 +151,9 @@ def test_fixed_ssog_estimates_never_exceed_the_bound(family):
 def test_mha_estimates_grow_with_scale_and_have_no_bound():
     model = small_model("mha", "odevit", 2)
     open_field_gates(model)
-    result = lipschitz_analysis(model, noise(2), scales=(1, 1000), iters=8)
+    # from 0.1 to 10 the softmax goes from nearly uniform to sharp (much larger, it saturates and
+    # the local estimate falls again; the "ball" curve keeps the largest so far)
+    result = lipschitz_analysis(model, noise(2), scales=(0.1, 10), iters=8)
     for target in ("mixer", "field"):
         curve = result["summary"][target]
         assert curve["bound"] is None
