@@ -37,10 +37,14 @@ def test_every_ssog_parameter_trains_in_the_default_configuration(family, steer)
     torch.manual_seed(0)
     model = timm.create_model(f"ssog_{family}_tiny_patch4_32", steer=steer)
     if family == "odevit":
-        # adaLN-Zero: the flow starts as the identity, so the first step can only train the
-        # modulation; from the second step on every field parameter must receive gradient.
-        model(torch.randn(4, 3, 32, 32)).logsumexp(-1).mean().backward()
-        torch.optim.SGD(model.parameters(), lr=0.1).step()
+        # Its default init (weight_init="jax") zeroes the head and adaLN-Zero the modulation (the
+        # flow starts as the identity): the first step can only train the head, the second the
+        # modulation; from the third on every field parameter must receive gradient.
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3, 32, 32)).logsumexp(-1).mean().backward()
+            optimizer.step()
     gradients = _kernel_gradients(model)
     assert any(name.endswith(".mu") for name in gradients)
     dead = [name for name, grad in gradients.items() if grad is None or not grad.abs().max() > 0]
