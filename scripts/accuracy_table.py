@@ -1,19 +1,26 @@
 """Markdown table (and a curve plot) of finished `ssog train` runs, for docs/results/accuracy.md.
 
     python scripts/accuracy_table.py RUN_DIR [RUN_DIR ...] [--plot curves.png] [--title TEXT]
-        [--grad-plot grad_norms.png]
+        [--grad-plot grad_norms.png] [--margin-plot margin.png]
 
 One row per run folder, named by the folder: parameters, the last epoch's validation
 Acc@1/3/5 and loss, its final train loss, the best Acc@1 and its epoch, and the training
 time (sum of the epochs' seconds). `--grad-plot` draws one panel per parameter group: the
-epoch's mean gradient norm (`grad_norm` in log.jsonl) per epoch, a line per run. Reads only
-what `ssog train` writes: `log.jsonl`, `summary.json` and `config.yaml`.
+epoch's mean gradient norm (`grad_norm` in log.jsonl) per epoch, a line per run.
+`--margin-plot` pairs the MHA and SSoG runs of one family, token grid and length (read from
+each run's config.yaml) and draws their last-epoch Acc@1 and SSoG's margin against the
+training length. Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
+`config.yaml`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections import defaultdict
 from pathlib import Path
+
+import yaml
 
 
 def _history(run: Path) -> list[dict]:
@@ -103,6 +110,78 @@ def grad_plot(runs: list[Path], path: Path, title: str) -> None:
     print(f"wrote {path}")
 
 
+def _setting(run: Path) -> tuple[str, str, str, int]:
+    """(operator, family, token grid, scheduled epochs) of a run, from its config.yaml: the model name
+    (e.g. ``ssog_loopvit_tiny_patch4_32``), ``model_kwargs.patch_size`` over it, and ``img_size``."""
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    match = re.fullmatch(r"(mha|ssog)_(\w+?)_.*patch(\d+)_\d+", config["model"])
+    if match is None:
+        raise SystemExit(f"{run}: model {config['model']!r} is not an MHA or SSoG model of this project")
+    operator, family, patch = match.group(1), match.group(2), int(match.group(3))
+    patch = (config.get("model_kwargs") or {}).get("patch_size", patch)
+    side = config["img_size"] // patch
+    return operator, family, f"{side}x{side}", config["epochs"]
+
+
+def paired_acc1(runs: list[Path]) -> dict[tuple[str, str], list[tuple[int, float, float]]]:
+    """{(family, token grid): [(epochs, MHA Acc@1, SSoG Acc@1), ...] by length}: the last-epoch
+    validation Acc@1 of the settings that have one run of each operator (others are noted)."""
+    acc1: dict[tuple[str, str], dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for run in runs:
+        operator, family, grid, epochs = _setting(run)
+        last = _history(run)[-1]
+        if last["epoch"] < epochs:
+            print(f"note: {run} has {last['epoch']} of its {epochs} epochs: not in the margin plot")
+            continue
+        if operator in acc1[family, grid][epochs]:
+            raise SystemExit(f"{run}: a second {operator} run of {family}, {grid} tokens, {epochs} epochs")
+        acc1[family, grid][epochs][operator] = last["acc1"]
+    pairs = {}
+    for (family, grid), by_length in sorted(acc1.items()):
+        for epochs, ops in sorted(by_length.items()):
+            if len(ops) == 2:
+                pairs.setdefault((family, grid), []).append((epochs, ops["mha"], ops["ssog"]))
+            else:
+                print(f"note: {family} {grid} tokens, {epochs} epochs has no {'SSoG' if 'mha' in ops else 'MHA'} "
+                      "run: not in the margin plot")
+    return pairs
+
+
+def margin_plot(runs: list[Path], path: Path, title: str) -> None:
+    """Last-epoch validation Acc@1 of each operator (left) and SSoG minus MHA (right) against the
+    training length, one line per family and token grid (`paired_acc1`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_margin) = plt.subplots(1, 2, figsize=(11, 4))
+    plotted_lengths: set[int] = set()
+    for index, ((family, grid), pairs) in enumerate(paired_acc1(runs).items()):
+        lengths = [n for n, _, _ in pairs]
+        plotted_lengths.update(lengths)
+        label = f"{family} {grid}"
+        ax_acc.plot(lengths, [mha for _, mha, _ in pairs], "--", marker="o", color=f"C{index}", label=f"{label} MHA")
+        ax_acc.plot(lengths, [ssog for _, _, ssog in pairs], "-", marker="o", color=f"C{index}", label=f"{label} SSoG")
+        margins = [ssog - mha for _, mha, ssog in pairs]
+        ax_margin.plot(lengths, margins, marker="o", color=f"C{index}", label=label)
+        for n, margin in zip(lengths, margins):
+            ax_margin.annotate(f"{margin:+.2f}", (n, margin), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for ax in (ax_acc, ax_margin):
+        ax.set_xscale("log")
+        ax.set_xticks(sorted(plotted_lengths), [str(n) for n in sorted(plotted_lengths)])
+        ax.minorticks_off()
+        ax.set_xlabel("training length (epochs, each with its own schedule)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    ax_acc.set(ylabel="validation Acc@1 after the last epoch (%)", title=title or "accuracy")
+    ax_margin.set(ylabel="SSoG - MHA (Acc@1 points)", title="margin")
+    ax_margin.axhline(0, color="black", linewidth=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of `ssog train`")
@@ -110,6 +189,8 @@ def main() -> None:
     parser.add_argument("--title", default="", help="title of the plots")
     parser.add_argument("--grad-plot", type=Path,
                         help="also plot each parameter group's mean gradient norm per epoch here")
+    parser.add_argument("--margin-plot", type=Path,
+                        help="also plot each MHA/SSoG pair's Acc@1 and margin against the training length here")
     args = parser.parse_args()
     print("| run | params | epochs | Acc@1 | Acc@3 | Acc@5 | val loss | train loss | best Acc@1 | train min |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -119,6 +200,8 @@ def main() -> None:
         plot(args.runs, args.plot, args.title)
     if args.grad_plot:
         grad_plot(args.runs, args.grad_plot, args.title)
+    if args.margin_plot:
+        margin_plot(args.runs, args.margin_plot, args.title)
 
 
 if __name__ == "__main__":

@@ -85,15 +85,51 @@ def test_training_writes_summary_logs_and_checkpoints(tmp_path, capsys, tiny_con
         assert all(math.isfinite(norm) and norm > 0 for norm in record["grad_norm"].values()), record
 
     # scripts/accuracy_table.py --grad-plot draws it, skipping a run logged before grad_norm was
-    spec = importlib.util.spec_from_file_location("accuracy_table", ACCURACY_TABLE)
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = _accuracy_table()
     old = tmp_path / "old"
     old.mkdir()
     (old / "log.jsonl").write_text(json.dumps({"epoch": 1, "acc1": 50.0}) + "\n")
     table.grad_plot([run, old], tmp_path / "grad.png", "tiny")
     assert (tmp_path / "grad.png").stat().st_size > 0
     assert f"note: {old} has no grad_norm records" in capsys.readouterr().out
+
+
+def _accuracy_table():
+    spec = importlib.util.spec_from_file_location("accuracy_table", ACCURACY_TABLE)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return table
+
+
+def test_margin_plot_pairs_runs_by_family_grid_and_length(tmp_path, capsys):
+    def fake_run(name, model, epochs, acc1s, patch_size=None):
+        run = tmp_path / name
+        run.mkdir()
+        kwargs = {"embed_dim": 64} | ({"patch_size": patch_size} if patch_size else {})
+        (run / "config.yaml").write_text(json.dumps({"model": model, "model_kwargs": kwargs,
+                                                     "img_size": 32, "epochs": epochs}))
+        (run / "log.jsonl").write_text("".join(json.dumps({"epoch": i + 1, "acc1": a}) + "\n"
+                                               for i, a in enumerate(acc1s)))
+        return run
+
+    runs = [fake_run("m5", "mha_vit_tiny_patch4_32", 2, [40.0, 50.0]),
+            fake_run("s5", "ssog_vit_tiny_patch4_32", 2, [45.0, 54.5]),
+            fake_run("m15", "mha_vit_tiny_patch4_32", 3, [1.0, 2.0, 60.0]),
+            fake_run("s15", "ssog_vit_tiny_patch4_32", 3, [1.0, 2.0, 66.0]),
+            fake_run("fine", "ssog_vit_tiny_patch4_32", 3, [1.0, 2.0, 70.0], patch_size=2),
+            fake_run("half", "mha_vit_tiny_patch4_32", 3, [1.0, 2.0], patch_size=2),
+            fake_run("ode", "ssog_odevit_tiny_patch4_32", 2, [30.0, 35.0]),
+            fake_run("mode", "mha_odevit_tiny_patch4_32", 2, [30.0, 36.0])]
+    table = _accuracy_table()
+    assert table.paired_acc1(runs) == {("odevit", "8x8"): [(2, 36.0, 35.0)],
+                                       ("vit", "8x8"): [(2, 50.0, 54.5), (3, 60.0, 66.0)]}
+    out = capsys.readouterr().out
+    assert f"note: {tmp_path / 'half'} has 2 of its 3 epochs" in out
+    assert "note: vit 16x16 tokens, 3 epochs has no MHA run" in out
+    table.margin_plot(runs, tmp_path / "margin.png", "fake")
+    assert (tmp_path / "margin.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="a second mha run of vit, 8x8 tokens, 2 epochs"):
+        table.paired_acc1(runs + [fake_run("again", "mha_vit_tiny_patch4_32", 2, [1.0, 2.0])])
 
 
 @pytest.mark.parametrize("family", ["vit", "loopvit", "odevit"])
