@@ -106,3 +106,15 @@ def test_dry_run_on_the_command_line(ssog_cli, run_child, tmp_path):
     assert "whole schedule" in result.stdout and json.loads(report.read_text())["epochs"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
+
+
+def test_dry_run_says_when_the_run_would_refuse_its_output(ssog_cli, run_child, tmp_path):
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "summary.json").write_text("{}")
+    result = run_child(ssog_cli.command("train", "--dry-run", "1", "--dataset", "synthetic", "--output", str(held)),
+                       timeout=300, cwd=tmp_path, env=ssog_cli.env())
+    assert result.returncode == 0, result.stderr
+    assert f"note: the run itself would stop before training: {held} already holds a run (summary.json)" \
+        in result.stdout
+    assert sorted(p.name for p in held.iterdir()) == ["summary.json"]  # a dry run writes nothing there

@@ -86,14 +86,20 @@ def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
     from ssog.files import write_atomic
     from ssog.train import resolve_config
     from ssog.train.dry_run import dry_run, format_dry_run
+    from ssog.train.run_folder import check_output
 
     if args.dry_run is None:
         raise ValueError("--dry-run-report FILE goes with --dry-run")
     if args.resume:
         raise ValueError("--dry-run measures a new run's recipe; --resume continues a run: give one")
-    report = dry_run(fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks),
-                     steps=args.dry_run)
+    cfg = fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks)
+    report = dry_run(cfg, steps=args.dry_run)
     print(format_dry_run(report))
+    if cfg.output:  # what the run would refuse at its start, said now rather than after the measurement
+        try:
+            check_output(Path(cfg.output), resuming=False, overwrite=cfg.overwrite, config_fields=cfg.to_dict().keys())
+        except ValueError as error:
+            print(f"note: the run itself would stop before training: {error}")
     if args.dry_run_report:
         write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n")
     return 0
