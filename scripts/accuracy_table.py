@@ -166,7 +166,8 @@ def margin_plot(runs: list[Path], path: Path, title: str) -> None:
         margins = [ssog - mha for _, mha, ssog in pairs]
         ax_margin.plot(lengths, margins, marker="o", color=f"C{index}", label=label)
         for n, margin in zip(lengths, margins):
-            ax_margin.annotate(f"{margin:+.2f}", (n, margin), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax_margin.annotate(f"{margin:+.2f}", (n, margin), textcoords="offset points",
+                               xytext=(4, 4 + 11 * index), fontsize=8, color=f"C{index}")  # lines apart
     for ax in (ax_acc, ax_margin):
         ax.set_xscale("log")
         ax.set_xticks(sorted(plotted_lengths), [str(n) for n in sorted(plotted_lengths)])
