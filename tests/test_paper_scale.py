@@ -107,7 +107,6 @@ def test_dry_run_on_the_command_line(ssog_cli, run_child, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
-
 def test_dry_run_says_when_the_run_would_refuse_its_output(ssog_cli, run_child, tmp_path):
     held = tmp_path / "held"
     held.mkdir()

@@ -62,6 +62,14 @@ def test_recipe_errors(tmp_path):
         TrainConfig(amp="fp8")
 
 
+def _accuracy_table():
+    """scripts/accuracy_table.py as a module (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location("accuracy_table", ACCURACY_TABLE)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return table
+
+
 # ---------------------------------------------------------------- the engine
 @pytest.mark.slow
 def test_training_writes_summary_logs_and_checkpoints(tmp_path, capsys, tiny_config):
@@ -92,13 +100,6 @@ def test_training_writes_summary_logs_and_checkpoints(tmp_path, capsys, tiny_con
     table.grad_plot([run, old], tmp_path / "grad.png", "tiny")
     assert (tmp_path / "grad.png").stat().st_size > 0
     assert f"note: {old} has no grad_norm records" in capsys.readouterr().out
-
-
-def _accuracy_table():
-    spec = importlib.util.spec_from_file_location("accuracy_table", ACCURACY_TABLE)
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    return table
 
 
 def test_margin_plot_pairs_runs_by_family_grid_and_length(tmp_path, capsys):

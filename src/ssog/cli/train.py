@@ -95,7 +95,7 @@ def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
     cfg = fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks)
     report = dry_run(cfg, steps=args.dry_run)
     print(format_dry_run(report))
-    if cfg.output:  # what the run would refuse at its start, said now rather than after the measurement
+    if cfg.output:  # what the real run would refuse at its start, said by the dry run already
         try:
             check_output(Path(cfg.output), resuming=False, overwrite=cfg.overwrite, config_fields=cfg.to_dict().keys())
         except ValueError as error:
