@@ -281,6 +281,38 @@ def test_another_runs_files_are_refused_unless_overwrite_which_replaces_only_tho
     assert "--overwrite starts a new run" in _error_line(capsys)
 
 
+def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(tmp_path, capsys, tiny_config):
+    run = tmp_path / "run"
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 0
+    for name in ("last.safetensors", "best.safetensors", "log.jsonl", "log.csv", "curves.png", "summary.json"):
+        (run / name).unlink()  # what a run stopped in its first epoch leaves: config, environment, marker
+    assert main(["train", "--resume", str(run)]) == 2
+    restart = f"--config {run / 'config.yaml'} --output {run} --overwrite"
+    assert _error_line(capsys).endswith(f"so there is nothing to resume; start it again with {restart}")
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert (f"{run} already holds a run (config.yaml, environment.json, .ssog-run): that run saved no checkpoint "
+            "(last.safetensors is written at every epoch's end, and every --checkpoint-every N optimizer steps), so "
+            "it cannot be resumed; choose another --output, or pass --overwrite") in _error_line(capsys)
+    assert main(["train", *restart.split(), "--no-progress"]) == 0
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+
+
+def test_only_the_command_line_asks_to_overwrite(tmp_path, capsys, tiny_config):
+    import yaml
+
+    run = tmp_path / "run"
+    assert main(["train", *_synthetic_args(tiny_config, run), "--overwrite"]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["overwrite"] is True
+    # the run's own record of --overwrite, reused as a recipe, replaces nothing
+    assert main(["train", "--config", str(run / "config.yaml"), "--no-progress"]) == 2
+    assert f"{run} already holds a run" in _error_line(capsys)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("overwrite: true\nepochs: 1\n")
+    assert main(["train", "--config", str(recipe), "--output", str(run)]) == 2
+    assert _error_line(capsys).endswith(f"{recipe} sets overwrite: true; replacing an earlier run's files is asked "
+                                        "for on the command line only (--overwrite)")
+
+
 def test_checkpoints_get_the_permissions_of_the_other_run_files(tmp_path, tiny_config):
     import os
 

@@ -18,7 +18,7 @@ from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import Trainer
 from ssog.train.environment import record_environment
 from ssog.train.logger import logging_backends
-from ssog.train.run_folder import check_output, claim_run_folder, default_output
+from ssog.train.run_folder import check_output, check_resumable, claim_run_folder, default_output
 from ssog.train.state import RESUME_CHANGES, RESUME_SETTINGS
 from ssog.train.stopping import TrainingOutOfMemory
 
@@ -104,6 +104,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         raise ValueError("--overwrite starts a new run in place of another; --resume continues the run: give one")
     state, notes = None, []
     if resume is not None:
+        check_resumable(Path(resume))
         path = checkpoint_path(resume, "last")
         state = load_checkpoint(path)
         if state.get("kind") != "last":

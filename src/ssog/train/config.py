@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from ssog.data.data_config import INTERPOLATIONS
 from ssog.data.transforms import TRANSFORM_SETTINGS, Augmentation, configure_augmentation
 from ssog.train.recipes import load_recipe, merge_settings
+from ssog.train.run_folder import is_run_config
 
 __all__ = [
     "TrainConfig", "data_source_from_overrides", "infer_dataset", "resolve_config", "upgrade_checkpoint_config",
@@ -314,6 +315,12 @@ def resolve_config(
     values: dict[str, Any] = {}
     if recipe is not None:
         values = load_recipe(recipe)
+        # Replacing an earlier run's files is asked for per command, never by a file: a run's
+        # config.yaml records the --overwrite it was started with, and reusing it as a recipe
+        # must not replace whatever its output holds now.
+        if values.pop("overwrite", False) and not is_run_config(Path(recipe)):
+            raise ValueError(f"{recipe} sets overwrite: true; replacing an earlier run's files is asked for on the "
+                             "command line only (--overwrite)")
         variants = values.pop("variants", None) or {}
         if variants and variant is None:
             raise ValueError(f"{recipe} defines variants {list(variants)}: choose one with --variant")

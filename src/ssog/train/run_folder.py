@@ -18,8 +18,8 @@ import yaml
 from ssog.files import FolderLock, is_temporary, write_atomic
 
 __all__ = [
-    "CONFIG_HEADER", "RUN_FILES", "RUN_MARKER", "check_output", "claim_run_folder", "default_output",
-    "is_run_config",
+    "CONFIG_HEADER", "RUN_FILES", "RUN_MARKER", "check_output", "check_resumable", "claim_run_folder",
+    "default_output", "is_run_config",
 ]
 
 #: A file every run writes in its folder with its ``config.yaml``: the folder's
@@ -63,6 +63,20 @@ def is_run_config(path: Path, config_fields: Collection[str] = ()) -> bool:
             and values.get("output") is not None and Path(values["output"]).resolve() == path.parent.resolve())
 
 
+#: Why a run folder without ``last.safetensors`` and ``summary.json`` cannot be resumed.
+_NO_CHECKPOINT = ("that run saved no checkpoint (last.safetensors is written at every epoch's end, and every "
+                  "--checkpoint-every N optimizer steps)")
+
+
+def check_resumable(run: Path) -> None:
+    """Raise ValueError when ``run`` is a run folder whose run saved no ``last.safetensors``
+    (it was stopped, or is still running, before its first checkpoint), saying how to start it again."""
+    config = run / "config.yaml"
+    if run.is_dir() and not (run / "last.safetensors").exists() and config.is_file() and is_run_config(config):
+        raise ValueError(f"--resume {run}: {_NO_CHECKPOINT}, so there is nothing to resume; start it again with "
+                         f"--config {config} --output {run} --overwrite")
+
+
 def check_output(output: Path, resuming: bool, overwrite: bool = False, config_fields: Collection[str] = ()) -> None:
     """Raise ValueError unless a new run (or the resumed one) can be written to ``output``.
 
@@ -79,7 +93,12 @@ def check_output(output: Path, resuming: bool, overwrite: bool = False, config_f
                              "would replace; choose another --output")
         found = [name for name in RUN_FILES if (output / name).exists()]
         if found and not overwrite:
-            hint = f"continue it with --resume {output}, " if "last.safetensors" in found else ""
+            if "last.safetensors" in found:
+                hint = f"continue it with --resume {output}, "
+            elif "summary.json" not in found and "config.yaml" in found:
+                hint = f"{_NO_CHECKPOINT}, so it cannot be resumed; "
+            else:
+                hint = ""
             raise ValueError(f"{output} already holds a run ({', '.join(found)}): {hint}choose another --output, "
                              "or pass --overwrite to replace that run's files")
     existing = next(parent for parent in (output, *output.parents) if parent.exists())
