@@ -3,6 +3,9 @@ continuous field's branches."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -184,10 +187,13 @@ def test_kernel_statistics_and_maps_follow_the_parameters():
         mixer.rho.fill_(-30.0)  # sigma -> sigma_min
         mixer.logits.zero_()
         mixer.logits[1, 0] = 50.0  # head 1 is (almost) only its shifted atom
+        model.blocks[0].attn.logits.zero_()
     stats = kernel_statistics(model)["mixers"][1]
     assert stats["min_sigma"] == pytest.approx(0.25)
     assert stats["mean_abs_mu"] == pytest.approx(5 / 8)
     assert stats["weight"][0] == pytest.approx([0.25] * 4)
+    assert stats["effective_atoms"] == pytest.approx((4 + 1) / 2)  # head 0 spreads over all 4, head 1 over 1
+    assert kernel_statistics(model)["effective_atoms"] == pytest.approx((4 + 4 + 4 + 1) / 4)
     maps = kernel_maps(mixer, (8, 8), query=(2, 2))
     assert torch.allclose(maps.sum(dim=(1, 2)), torch.ones(2, dtype=maps.dtype))
     assert divmod(int(maps[1].argmax()), 8) == (5, 6)  # query + mu
@@ -324,3 +330,20 @@ def test_kernel_rows_name_the_run_of_a_trained_model(checkpoint, tmp_path, capsy
     assert code == 0
     rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if "(all)" in line]
     assert rows == ["ssog_vit_micro_patch1_8 (run)", "ssog_vit_micro_patch1_8"]
+    named_after_its_model = tmp_path / "ssog_vit_micro_patch1_8"
+    named_after_its_model.mkdir()
+    shutil.copy(path, named_after_its_model)
+    code = main(["analyze", "kernels", "--checkpoint", str(named_after_its_model), "--device", "cpu",
+                 "--output", str(tmp_path / "out2")])
+    assert code == 0
+    rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if "(all)" in line]
+    assert rows == ["ssog_vit_micro_patch1_8"]  # once, not "name (name)"
+
+
+def test_lipschitz_estimates_pass_on_no_warning_of_torchs_own_internals():
+    """torch.func.jvp's first call in a process scripts torch's decompositions (a FutureWarning
+    in newer torch), so only a fresh interpreter can tell."""
+    script = ("import torch; from ssog.analysis import local_lipschitz; "
+              "local_lipschitz(lambda z: torch.tanh(z) * 2, torch.randn(2, 3), iters=2)")
+    result = subprocess.run([sys.executable, "-W", "error", "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -32,10 +32,13 @@ def mixer_kernel_statistics(mixer: SSoGAttention) -> dict[str, Any]:
 
     ``mu``, ``sigma``: ``[H][R][2]`` (y, x) in tokens; ``weight``: ``[H][R]``;
     ``min_sigma``: smallest width over heads, atoms and axes; ``mean_abs_mu``: mean over
-    heads and atoms of ``||mu||_2``; ``steer_gates``: ``{component: [H]}``.
+    heads and atoms of ``||mu||_2``; ``effective_atoms``: mean over heads of
+    ``exp(entropy(weight))``, the number of atoms a head's mixture spreads over (1: one atom
+    carries it, ``R``: all equally); ``steer_gates``: ``{component: [H]}``.
     """
     params = {k: v.detach().double().cpu() for k, v in mixer.kernel_parameters().items()}
     mu, sigma, weight = params["mu"], params["sigma"], params["weight"]
+    entropy = -torch.special.xlogy(weight, weight).sum(dim=-1)  # (H,), 0 log 0 = 0
     return {
         "num_heads": mixer.num_heads,
         "num_atoms": mixer.num_atoms,
@@ -44,6 +47,7 @@ def mixer_kernel_statistics(mixer: SSoGAttention) -> dict[str, Any]:
         "mean_abs_mu": float(mu.norm(dim=-1).mean()),
         "max_abs_mu": float(mu.norm(dim=-1).max()),
         "max_weight": float(weight.max()),
+        "effective_atoms": float(entropy.exp().mean()),
         "mu": mu.tolist(),
         "sigma": sigma.tolist(),
         "weight": weight.tolist(),
@@ -54,13 +58,16 @@ def mixer_kernel_statistics(mixer: SSoGAttention) -> dict[str, Any]:
 
 def kernel_statistics(model: nn.Module) -> dict[str, Any]:
     """Per-mixer :func:`mixer_kernel_statistics` and the model-wide ``min_sigma``,
-    ``mean_abs_mu`` (over all atoms of all mixers) and ``max_weight``."""
+    ``mean_abs_mu`` (over all atoms of all mixers), ``max_weight`` and ``effective_atoms``
+    (over all heads of all mixers)."""
     mixers = [{"module": name, **mixer_kernel_statistics(m)} for name, m in ssog_modules(model)]
     atoms = sum(m["num_heads"] * m["num_atoms"] for m in mixers)
+    heads = sum(m["num_heads"] for m in mixers)
     return {
         "min_sigma": min(m["min_sigma"] for m in mixers),
         "mean_abs_mu": sum(m["mean_abs_mu"] * m["num_heads"] * m["num_atoms"] for m in mixers) / atoms,
         "max_weight": max(m["max_weight"] for m in mixers),
+        "effective_atoms": sum(m["effective_atoms"] * m["num_heads"] for m in mixers) / heads,
         "mixers": mixers,
     }
 

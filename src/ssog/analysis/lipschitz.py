@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -111,11 +112,15 @@ def local_lipschitz(
     v = torch.randn(x.shape, generator=generator, dtype=x.dtype, device="cpu").to(x.device)
     v = v / _per_sample_norm(v)
     _, pullback = vjp(fn, x)
-    for _ in range(iters):
+    with warnings.catch_warnings():
+        # jvp's first call scripts torch's own decompositions, which newer torch warns about:
+        # nothing a user of this analysis could change.
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        for _ in range(iters):
+            _, jv = jvp(fn, (x,), (v,))
+            (w,) = pullback(jv)
+            v = w / _per_sample_norm(w).clamp_min(torch.finfo(w.dtype).tiny)
         _, jv = jvp(fn, (x,), (v,))
-        (w,) = pullback(jv)
-        v = w / _per_sample_norm(w).clamp_min(torch.finfo(w.dtype).tiny)
-    _, jv = jvp(fn, (x,), (v,))
     return _per_sample_norm(jv).flatten()
 
 

@@ -20,9 +20,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _label(result: dict[str, Any]) -> str:
-    """The model's name and, for a trained one, its run folder (runs of one model differ by it)."""
-    source = result["source"]
-    return result["model"] if source.startswith("random init") else f"{result['model']} ({Path(source).parent.name})"
+    """The model's name and, for a trained one, its run folder (runs of one model differ by it)
+    unless the folder is named after the model."""
+    source, model = result["source"], result["model"]
+    folder = None if source.startswith("random init") else Path(source).parent.name
+    return model if folder in (None, model) else f"{model} ({folder})"
 
 
 def _setting(result: dict[str, Any]) -> str:
@@ -60,18 +62,19 @@ def lipschitz_table(results: Sequence[dict[str, Any]]) -> str:
 
 def kernels_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per SSoG mixer; then each model's mixture weights per head."""
-    header = ["model", "mixer", "steer", "min sigma", "mean |mu|", "max |mu|", "max weight"]
+    header = ["model", "mixer", "steer", "min sigma", "mean |mu|", "max |mu|", "max weight", "effective atoms"]
     rows, weights = [], []
     for r in results:
         stats = r["kernels"]
         for m in stats["mixers"]:
             rows.append([_label(r), m["module"], ",".join(m["steer"]) or "-", f"{m['min_sigma']:.3f}",
-                         f"{m['mean_abs_mu']:.3f}", f"{m['max_abs_mu']:.3f}", f"{m['max_weight']:.3f}"])
+                         f"{m['mean_abs_mu']:.3f}", f"{m['max_abs_mu']:.3f}", f"{m['max_weight']:.3f}",
+                         f"{m['effective_atoms']:.2f}"])
             weights.append(f"{_label(r)} {m['module']} weights: "
                            + "  ".join(f"h{h} " + " ".join(f"{w:.2f}" for w in head)
                                        for h, head in enumerate(m["weight"])))
         rows.append([_label(r), "(all)", "", f"{stats['min_sigma']:.3f}", f"{stats['mean_abs_mu']:.3f}", "",
-                     f"{stats['max_weight']:.3f}"])
+                     f"{stats['max_weight']:.3f}", f"{stats['effective_atoms']:.2f}"])
     return _table(header, rows) + "\n\n" + "\n".join(weights)
 
 
