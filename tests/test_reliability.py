@@ -288,7 +288,8 @@ def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(tm
         (run / name).unlink()  # what a run stopped in its first epoch leaves: config, environment, marker
     assert main(["train", "--resume", str(run)]) == 2
     restart = f"--config {run / 'config.yaml'} --output {run} --overwrite"
-    assert _error_line(capsys).endswith(f"so there is nothing to resume; start it again with {restart}")
+    assert _error_line(capsys).endswith("so there is nothing to resume (if it still runs, its first checkpoint is to "
+                                        f"come); start it again with {restart}")
     assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
     assert (f"{run} already holds a run (config.yaml, environment.json, .ssog-run): that run saved no checkpoint "
             "(last.safetensors is written at every epoch's end, and every --checkpoint-every N optimizer steps), so "

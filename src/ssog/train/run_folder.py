@@ -73,8 +73,9 @@ def check_resumable(run: Path) -> None:
     (it was stopped, or is still running, before its first checkpoint), saying how to start it again."""
     config = run / "config.yaml"
     if run.is_dir() and not (run / "last.safetensors").exists() and config.is_file() and is_run_config(config):
-        raise ValueError(f"--resume {run}: {_NO_CHECKPOINT}, so there is nothing to resume; start it again with "
-                         f"--config {config} --output {run} --overwrite")
+        raise ValueError(f"--resume {run}: {_NO_CHECKPOINT}, so there is nothing to resume (if it still runs, its "
+                         f"first checkpoint is to come); start it again with --config {config} --output {run} "
+                         "--overwrite")
 
 
 def check_output(output: Path, resuming: bool, overwrite: bool = False, config_fields: Collection[str] = ()) -> None:
