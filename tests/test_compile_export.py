@@ -184,9 +184,9 @@ def test_jit_trace_at_another_image_size_matches_eager(family, monkeypatch):
     torch.jit.trace records twice, with and then without autograd: at 64 px (a 16x16 grid) the
     fixed kernels' backend, and with small query chunks the steered chunks, used to depend on
     autograd ('Graphs differed across invocations')."""
-    from ssog.ops import backends
+    from ssog.ops import steered_backends
 
-    monkeypatch.setattr(backends, "STEERED_CHUNK_BYTES", 2**18)  # two query chunks without autograd
+    monkeypatch.setattr(steered_backends, "STEERED_CHUNK_BYTES", 2**18)  # two query chunks without autograd
     for mixer in MIXERS:
         model = _model(family, mixer, ANY_SIZE)
         traced = torch.jit.trace(model, torch.randn(2, 3, 64, 64))

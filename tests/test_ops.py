@@ -199,13 +199,13 @@ def test_blocked_separable_path_matches_across_block_boundaries(backend, monkeyp
 
 
 def test_steered_query_chunks_match(monkeypatch):
-    from ssog.ops import backends
+    from ssog.ops import steered_backends
 
     grid = (4, 5)
     mu, sigma, weight = steered_params(2, 2, 20, 3)
     v = values(2, 2, 20, 3)
     expected = ssog_matrix(mu, sigma, weight, grid) @ v
-    monkeypatch.setattr(backends, "STEERED_CHUNK_BYTES", 8 * 2 * 2 * 20 * 3)  # 3 queries a chunk
+    monkeypatch.setattr(steered_backends, "STEERED_CHUNK_BYTES", 8 * 2 * 2 * 20 * 3)  # 3 queries a chunk
     for backend in STEERED_BACKENDS:
         assert relative_error(mix(v, mu, sigma, weight, grid, backend), expected) < 1e-10
 
@@ -214,8 +214,8 @@ def test_steered_query_chunks_match(monkeypatch):
     reference = [t.clone().requires_grad_() for t in (v, mu, sigma, weight)]
     probe = values(2, 2, 20, 3, seed=5)
     ((ssog_matrix(*reference[1:], grid) @ reference[0]) * probe).sum().backward()
-    for saved_rows_bytes in (0, backends.STEERED_SAVED_ROWS_BYTES):
-        monkeypatch.setattr(backends, "STEERED_SAVED_ROWS_BYTES", saved_rows_bytes)
+    for saved_rows_bytes in (0, steered_backends.STEERED_SAVED_ROWS_BYTES):
+        monkeypatch.setattr(steered_backends, "STEERED_SAVED_ROWS_BYTES", saved_rows_bytes)
         inputs = [t.clone().requires_grad_() for t in (v, mu, sigma, weight)]
         (mix(*inputs, grid, "dense") * probe).sum().backward()
         for got, want in zip(inputs, reference):
@@ -246,16 +246,16 @@ def narrow_steered_params(batch: int, heads: int, grid: tuple[int, int], atoms: 
 
 @pytest.mark.parametrize("tile", [3, 8])
 def test_windowed_steered_error_is_bounded_by_its_tolerance(tile, monkeypatch):
-    from ssog.ops import backends
+    from ssog.ops import steered_backends
 
-    monkeypatch.setattr(backends, "STEERED_TILE", tile)
+    monkeypatch.setattr(steered_backends, "STEERED_TILE", tile)
     grid = (26, 21)
     params = narrow_steered_params(1, 2, grid, 3)
     v = values(1, 2, 26 * 21, 4)
     expected = ssog_matrix(*params, grid) @ v
     for tolerance in (1e-3, 1e-6, 1e-9):
-        tiles = backends.steered_tiles(backends.steered_windows(*params[:2], grid, tolerance), tile)
-        assert backends.steered_local_cost(tiles) < (26 * 21) ** 2  # keys really are skipped
+        tiles = steered_backends.steered_tiles(steered_backends.steered_windows(*params[:2], grid, tolerance), tile)
+        assert steered_backends.steered_local_cost(tiles) < (26 * 21) ** 2  # keys really are skipped
         out = ssog_mix(v, *params, grid, backend="local", local_tolerance=tolerance)
         # per axis the dropped mass is < tolerance * L; renormalising moves as much again
         assert (out - expected).abs().max().item() <= 2 * tolerance * (26 + 21) * v.abs().max().item()
@@ -274,26 +274,27 @@ def test_windowed_steered_keeps_the_border_key_of_centres_far_outside():
 
 
 def test_windowed_steered_gradcheck_with_truncated_windows(monkeypatch):
-    from ssog.ops import backends
+    from ssog.ops import steered_backends
 
-    monkeypatch.setattr(backends, "STEERED_TILE", 2)
+    monkeypatch.setattr(steered_backends, "STEERED_TILE", 2)
     grid = (4, 4)
     mu, sigma, weight = narrow_steered_params(1, 1, grid, 1, seed=5)
     mu, sigma, weight = (t.requires_grad_() for t in (0.2 * mu, 0.5 * sigma, weight))
     v = values(1, 1, 16, 2).requires_grad_()
-    tiles = backends.steered_tiles(backends.steered_windows(mu, sigma, grid, 1e-2), 2)
-    assert backends.steered_local_cost(tiles) < 16**2
+    tiles = steered_backends.steered_tiles(steered_backends.steered_windows(mu, sigma, grid, 1e-2), 2)
+    assert steered_backends.steered_local_cost(tiles) < 16**2
     assert torch.autograd.gradcheck(
         lambda *a: ssog_mix(*a, grid, backend="local", local_tolerance=1e-2), (v, mu, sigma, weight)
     )
 
 
 def test_auto_takes_the_windowed_steered_path_only_when_cheaper(monkeypatch, without_cpp):
-    from ssog.ops import backends
+    from ssog.ops import steered_backends
 
     taken = []
-    monkeypatch.setattr(backends, "steered_local", lambda v, *a: taken.append("local") or torch.zeros_like(v))
-    monkeypatch.setattr(backends, "steered_mix", lambda v, *a, **k: taken.append("dense") or torch.zeros_like(v))
+    monkeypatch.setattr(steered_backends, "steered_local", lambda v, *a: taken.append("local") or torch.zeros_like(v))
+    monkeypatch.setattr(steered_backends, "steered_mix",
+                        lambda v, *a, **k: taken.append("dense") or torch.zeros_like(v))
     v = torch.zeros(2, 6, 48 * 48, 64)
     narrow = [t.float() for t in narrow_steered_params(2, 6, (48, 48), 4)]
     ssog_mix(v, *narrow, (48, 48))

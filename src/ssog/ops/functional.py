@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from . import backends
+from . import backends, steered_backends
 from .capture import any_batch, any_grid, functorch_wrapped
 from .checks import check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
@@ -84,7 +84,7 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int,
     check_parameter_values(mu, sigma, weight, grid_size)
     mu, sigma, weight = in_kernel_precision(mu, sigma, weight, mu.dtype)
     if steered:
-        return backends.steered_matrix(mu, sigma, weight, grid_size)
+        return steered_backends.steered_matrix(mu, sigma, weight, grid_size)
     return backends.fixed_matrix(*fixed_kernel_pair(mu, sigma, weight, grid_size))
 
 
@@ -110,7 +110,7 @@ def ssog_mix(
             fraction of their row's peak and rescales each row to its sum; an output then
             differs from the exact one by at most ``local_tolerance * N * max|v|`` (fixed
             kernels) or ``2 * local_tolerance * (Hg + Wg) * max|v|`` (steered kernels whose
-            weights sum to 1; see :func:`ssog.ops.backends.steered_local`).
+            weights sum to 1; see :func:`ssog.ops.steered_backends.steered_local`).
 
     Returns:
         ``(B, H, N, d)`` in the dtype of ``v``.
@@ -176,8 +176,8 @@ def _steered_auto(
     if BACKENDS["local"].can_run(v.device, v.dtype, v.shape[-1], True, False):
         tiles = windowed_tiles(mu, sigma, grid_size, tolerance)
         if _windowed_is_cheaper(tiles, v.shape, mu.shape[-2]):
-            return backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
-    return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=False)
+            return steered_backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
+    return steered_backends.steered_mix(v, mu, sigma, weight, grid_size, separable=False)
 
 
 #: Multiply-adds one tile of the windowed steered path costs beyond its arithmetic (Python
@@ -195,7 +195,7 @@ def _windowed_is_cheaper(
     against building and applying every query's whole row of ``A`` (``N^2`` pairs)."""
     batch, heads, n, dim = value_shape
     per_pair = batch * heads * (dim + num_atoms)
-    windowed = backends.steered_local_cost(tiles) * per_pair + len(tiles) * STEERED_TILE_OVERHEAD_MACS
+    windowed = steered_backends.steered_local_cost(tiles) * per_pair + len(tiles) * STEERED_TILE_OVERHEAD_MACS
     return windowed < n * n * per_pair
 
 

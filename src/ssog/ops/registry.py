@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from . import backends, cpp_kernels
+from . import backends, cpp_kernels, steered_backends
 from .capture import capturing_graph
 from .checks import check_parameter_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
@@ -98,10 +98,10 @@ def pytorch_backend(
 def windowed_tiles(
     mu: Tensor, sigma: Tensor, grid_size: tuple[int, int], tolerance: float
 ) -> list[tuple[tuple[int, int, int, int], tuple[int, int, int, int]]]:
-    """The windowed steered path's tiles of ``backends.STEERED_TILE`` queries and the key box
-    each reads (:func:`ssog.ops.backends.steered_tiles`); reading them synchronises a GPU."""
-    windows = backends.steered_windows(mu, sigma, grid_size, tolerance)
-    return backends.steered_tiles(windows, backends.STEERED_TILE)
+    """The windowed steered path's tiles of ``steered_backends.STEERED_TILE`` queries and the key box
+    each reads (:func:`ssog.ops.steered_backends.steered_tiles`); reading them synchronises a GPU."""
+    windows = steered_backends.steered_windows(mu, sigma, grid_size, tolerance)
+    return steered_backends.steered_tiles(windows, steered_backends.STEERED_TILE)
 
 
 # ------------------------------------------------------------------------------ mixing
@@ -119,12 +119,12 @@ def _with_fixed_kernels(apply: Callable[[Tensor, Tensor, Tensor, float], Tensor]
 
 
 def _steered_rows(separable: bool) -> MixFunction:
-    """Steered mixing in query chunks (:func:`ssog.ops.backends.steered_mix`): each query's
+    """Steered mixing in query chunks (:func:`ssog.ops.steered_backends.steered_mix`): each query's
     row of ``A``, or (``separable``) its x then y contractions."""
 
     @pytorch_backend
     def mix(v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], _: float) -> Tensor:
-        return backends.steered_mix(v, mu, sigma, weight, grid_size, separable=separable)
+        return steered_backends.steered_mix(v, mu, sigma, weight, grid_size, separable=separable)
 
     return mix
 
@@ -139,7 +139,8 @@ def _local_fixed(v: Tensor, ky: Tensor, kx: Tensor, tolerance: float) -> Tensor:
 def _local_steered(
     v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], tolerance: float
 ) -> Tensor:
-    return backends.steered_local(v, mu, sigma, weight, grid_size, windowed_tiles(mu, sigma, grid_size, tolerance))
+    tiles = windowed_tiles(mu, sigma, grid_size, tolerance)
+    return steered_backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
 
 
 def _triton_fixed(v: Tensor, ky: Tensor, kx: Tensor, _: float) -> Tensor:
