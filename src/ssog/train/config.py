@@ -318,7 +318,8 @@ def resolve_config(
         # Replacing an earlier run's files is asked for per command, never by a file: a run's
         # config.yaml records the --overwrite it was started with, and reusing it as a recipe
         # must not replace whatever its output holds now.
-        if values.pop("overwrite", False) and not is_run_config(Path(recipe)):
+        run_fields = [f.name for f in dataclasses.fields(TrainConfig)]
+        if values.pop("overwrite", False) and not is_run_config(Path(recipe), run_fields):
             raise ValueError(f"{recipe} sets overwrite: true; replacing an earlier run's files is asked for on the "
                              "command line only (--overwrite)")
         variants = values.pop("variants", None) or {}

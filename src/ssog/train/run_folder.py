@@ -63,19 +63,25 @@ def is_run_config(path: Path, config_fields: Collection[str] = ()) -> bool:
             and values.get("output") is not None and Path(values["output"]).resolve() == path.parent.resolve())
 
 
-#: Why a run folder without ``last.safetensors`` and ``summary.json`` cannot be resumed.
+#: Why a run folder that :func:`_saved_no_checkpoint` cannot be resumed.
 _NO_CHECKPOINT = ("that run saved no checkpoint (last.safetensors is written at every epoch's end, and every "
                   "--checkpoint-every N optimizer steps)")
 
 
-def check_resumable(run: Path) -> None:
-    """Raise ValueError when ``run`` is a run folder whose run saved no ``last.safetensors``
-    (it was stopped, or is still running, before its first checkpoint), saying how to start it again."""
+def _saved_no_checkpoint(run: Path, config_fields: Collection[str] = ()) -> bool:
+    """Whether ``run`` holds a run (its ``config.yaml`` is a run's) that has neither
+    ``last.safetensors`` nor ``summary.json``: stopped, or still running, before its first checkpoint."""
     config = run / "config.yaml"
-    if run.is_dir() and not (run / "last.safetensors").exists() and config.is_file() and is_run_config(config):
+    return (config.is_file() and not (run / "last.safetensors").exists() and not (run / "summary.json").exists()
+            and is_run_config(config, config_fields))
+
+
+def check_resumable(run: Path) -> None:
+    """Raise ValueError when ``run`` holds a run that saved no checkpoint yet, saying how to start it again."""
+    if _saved_no_checkpoint(run):
         raise ValueError(f"--resume {run}: {_NO_CHECKPOINT}, so there is nothing to resume (if it still runs, its "
-                         f"first checkpoint is to come); start it again with --config {config} --output {run} "
-                         "--overwrite")
+                         f"first checkpoint is to come); start it again with --config {run / 'config.yaml'} "
+                         f"--output {run} --overwrite")
 
 
 def check_output(output: Path, resuming: bool, overwrite: bool = False, config_fields: Collection[str] = ()) -> None:
@@ -96,7 +102,7 @@ def check_output(output: Path, resuming: bool, overwrite: bool = False, config_f
         if found and not overwrite:
             if "last.safetensors" in found:
                 hint = f"continue it with --resume {output}, "
-            elif "summary.json" not in found and "config.yaml" in found:
+            elif _saved_no_checkpoint(output, config_fields):
                 hint = f"{_NO_CHECKPOINT}, so it cannot be resumed; "
             else:
                 hint = ""
