@@ -62,6 +62,10 @@ def test_recipe_errors(tmp_path):
         TrainConfig(amp="fp8")
 
 
+def test_field_names_are_the_keys_of_a_config_dump():
+    assert TrainConfig.field_names() == tuple(TrainConfig().to_dict())
+
+
 def _accuracy_table():
     """scripts/accuracy_table.py as a module (scripts are not a package)."""
     spec = importlib.util.spec_from_file_location("accuracy_table", ACCURACY_TABLE)

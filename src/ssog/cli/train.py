@@ -97,7 +97,7 @@ def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
     print(format_dry_run(report))
     if cfg.output:  # what the real run would refuse at its start, said by the dry run already
         try:
-            check_output(Path(cfg.output), resuming=False, overwrite=cfg.overwrite, config_fields=cfg.to_dict().keys())
+            check_output(Path(cfg.output), resuming=False, overwrite=cfg.overwrite, config_fields=cfg.field_names())
         except ValueError as error:
             print(f"note: the run itself would stop before training: {error}")
     if args.dry_run_report:

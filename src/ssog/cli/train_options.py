@@ -276,5 +276,5 @@ def unknown_option_hint(option: str) -> str:
     if option in TIMM_INSTEAD:
         return f"timm's {option} is {TIMM_INSTEAD[option]} here"
     field = option.lstrip("-").replace("-", "_")
-    key = field if field in {item.name for item in dataclasses.fields(TrainConfig)} else "KEY"
+    key = field if field in TrainConfig.field_names() else "KEY"
     return f"--set {key}=VALUE sets any config field: docs/training.md, \"Configuration\""

@@ -126,7 +126,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         cfg.output = str(output)
         if ctx.is_main:
             check_output(output, resuming=state is not None, overwrite=cfg.overwrite,
-                         config_fields=cfg.to_dict().keys())
+                         config_fields=cfg.field_names())
             if cfg.linear_probe and not cfg.init_from:
                 logger.warning("--linear-probe without --init-from trains a classifier on a randomly initialised, "
                                "frozen backbone; give --init-from CKPT to probe a trained one")

@@ -258,8 +258,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The names of the config's fields, in declaration order (the keys of :meth:`to_dict`)."""
+        return tuple(item.name for item in dataclasses.fields(cls))
+
+    @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = set(cls.field_names())
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown training config keys {unknown}; known keys: {sorted(known)}")
@@ -318,8 +323,7 @@ def resolve_config(
         # Replacing an earlier run's files is asked for per command, never by a file: a run's
         # config.yaml records the --overwrite it was started with, and reusing it as a recipe
         # must not replace whatever its output holds now.
-        run_fields = [f.name for f in dataclasses.fields(TrainConfig)]
-        if values.pop("overwrite", False) and not is_run_config(Path(recipe), run_fields):
+        if values.pop("overwrite", False) and not is_run_config(Path(recipe), TrainConfig.field_names()):
             raise ValueError(f"{recipe} sets overwrite: true; replacing an earlier run's files is asked for on the "
                              "command line only (--overwrite)")
         variants = values.pop("variants", None) or {}

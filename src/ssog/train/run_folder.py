@@ -63,7 +63,7 @@ def is_run_config(path: Path, config_fields: Collection[str] = ()) -> bool:
             and values.get("output") is not None and Path(values["output"]).resolve() == path.parent.resolve())
 
 
-#: Why a run folder that :func:`_saved_no_checkpoint` cannot be resumed.
+#: Why a run folder in which :func:`_saved_no_checkpoint` finds no checkpoint cannot be resumed.
 _NO_CHECKPOINT = ("that run saved no checkpoint (last.safetensors is written at every epoch's end, and every "
                   "--checkpoint-every N optimizer steps)")
 
