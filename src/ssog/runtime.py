@@ -60,6 +60,14 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=resolve_dtype(precision))
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU runs bfloat16 matmuls and convolutions natively (oneDNN's bf16 kernels:
+    AVX-512 or AMX). Without them (an AVX2-only CPU) bf16 autocast falls back to reference
+    kernels: a 512x512 bf16 matmul ran at 0.8 GFLOP/s against fp32's 50 on one thread of an
+    AVX2 AMD EPYC."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def check_plotting() -> None:
     """Raise a ValueError naming ``MPLBACKEND`` when its value keeps matplotlib from importing.
 
