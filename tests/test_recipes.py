@@ -73,3 +73,16 @@ def test_paper_scale_recipes_start_kernels_in_image_units():
     assert _initial_kernels("cifar10_fine.yaml", "ssog")["centre_radius"] == [4.0, 4.0]
     assert _initial_kernels("cifar10_fine.yaml", "ssog_token_units")["centre_radius"] == [2.0, 2.0]
     assert _initial_kernels("ablations/cpu_accuracy.yaml", "ssog_patch2")["centre_radius"] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("recipe, tarball", [("cifar100.yaml", "cifar100-train.tar.gz"),
+                                             ("tinyimagenet.yaml", "tiny-imagenet-200-train.tar.gz")])
+def test_a_recipe_run_without_its_data_names_the_tarball_and_the_flag(recipe, tarball, tmp_path, capsys):
+    from ssog.cli import main
+
+    variant = recipe_variants(CONFIGS / recipe)[0]
+    assert main(["train", "--config", str(CONFIGS / recipe), "--variant", variant,
+                 "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"needs --data-dir (data_dir): extract {tarball}" in err
+    assert not (tmp_path / "run").exists()

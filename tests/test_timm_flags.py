@@ -44,6 +44,7 @@ CASES = [
     ("--download", [], "download", True),
     ("--dataset-download", [], "download", True),
     ("--skip-bad-images", [], "skip_bad_images", True),
+    ("--data-in-memory", [], "data_in_memory", True),
     ("--augment", ["strong"], "augment", "strong"),
     ("--no-aug", ["--augment", "strong"], "augment", "none"),  # timm's: it beats the other augmentation flags
     ("--aa", ["rand-m9-mstd0.5-inc1", *WEAK], "auto_augment", "rand-m9-mstd0.5-inc1"),

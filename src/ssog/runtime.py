@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Iterator
 
 import torch
 
 __all__ = [
-    "DTYPES", "autocast", "check_plotting", "is_out_of_memory", "resolve_device", "resolve_dtype", "torch_settings",
+    "DTYPES", "autocast", "check_plotting", "cpu_seconds", "is_out_of_memory", "resolve_device", "resolve_dtype",
+    "torch_settings",
 ]
 
 # torch reports a failed CPU allocation as a plain RuntimeError (torch 2.14: torch.empty(2**50)
@@ -84,6 +86,26 @@ def check_plotting() -> None:
         raise ValueError(f"MPLBACKEND={backend!r} is not a matplotlib backend, and matplotlib does not import "
                          "with it; unset MPLBACKEND (ssog draws its figures into files and needs no backend) "
                          "or set MPLBACKEND=Agg") from None
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) used so far by this process, its child processes that have
+    ended and, where Linux's ``/proc`` lists them, those still running (data-loader workers)."""
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    try:
+        pids = children.read_text().split()
+    except OSError:  # not Linux, or a kernel without the list
+        return total
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended since the list was read: its time is in children_* next time
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+    return total
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -103,6 +103,8 @@ OPTIONS: tuple[Option, ...] = (
            "--interpolation"),
     Option(("--num-workers", "-j", "--workers"), "num_workers", "data-loading worker processes per training process",
            _DATA, "--workers"),
+    Option(("--data-in-memory",), "data_in_memory", "decode the data set once into memory and augment batches "
+           "on tensors (crops and flips; for small images such as CIFAR and Tiny-ImageNet)", _DATA),
     Option(("--download", "--dataset-download"), "download", "download CIFAR where a network is available", _DATA,
            "--dataset-download"),
     Option(("--skip-bad-images",), "skip_bad_images",

@@ -18,10 +18,11 @@ from ssog.data import (
     training_subset,
 )
 from ssog.data.custom import CUSTOM_DATASET, custom_datasets
+from ssog.data.memory import memory_datasets
 from ssog.data.data_config import resolve_data_config
 from ssog.data.streams import ShardStream, StreamLoader, stream_readers
 from ssog.runtime import is_out_of_memory
-from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
+from ssog.train.config import BUILT_IN_DATA, TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import DistContext, barrier
 
 __all__ = [
@@ -118,6 +119,9 @@ def _datasets(cfg: TrainConfig, ctx: DistContext):
         raise ValueError(f"dataset {CUSTOM_DATASET!r}: the run trained on datasets given in Python; name a data "
                          "source (--dataset, --data-dir) to evaluate it, or pass the datasets again to train()")
 
+    if cfg.data_hint and cfg.data_dir is None and cfg.dataset not in BUILT_IN_DATA:
+        raise ValueError(f"dataset {cfg.dataset} needs --data-dir (data_dir): {cfg.data_hint}")
+
     def make():
         train, val, info = build_datasets(
             cfg.dataset, cfg.data_dir, download=cfg.download, val_split=cfg.val_split,
@@ -206,20 +210,42 @@ def build_data(cfg: TrainConfig, ctx: DistContext,
         raise ValueError(f"num_classes is {cfg.num_classes} but dataset {cfg.dataset} has {info.num_classes} "
                          "classes; leave num_classes unset")
     data_config = run_data_config(cfg, info.in_chans)
-    train_tf = _transform(cfg, data_config, info, train=True)
     micro_batch = local_batch // cfg.grad_accum_steps
+    if cfg.data_in_memory:
+        return _memory_data(cfg, ctx, train_base, val_base, info, data_config, local_batch)
+    train_tf = _transform(cfg, data_config, info, train=True)
     if isinstance(train_base, IterableDataset):
         train_loader = _stream_loader(train_base, train_tf, micro_batch, cfg, ctx)
     else:
         train_loader = build_loader(TransformedDataset(train_base, train_tf, seed=cfg.seed), micro_batch, train=True,
                                     seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
                                     num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda")
-        if len(train_loader) < cfg.grad_accum_steps:
-            raise ValueError(
-                f"the training set ({len(train_base)} samples, {len(train_base) // ctx.world_size} per process) "
-                f"is smaller than one batch ({local_batch} per process); lower batch_size"
-            )
+        _check_one_step(train_loader, cfg, ctx, local_batch)
     val_loader = _eval_loader(val_base, info, data_config, micro_batch, cfg, ctx)
+    return DataBundle(info, data_config, train_loader, val_loader, local_batch, cfg.grad_accum_steps)
+
+
+def _check_one_step(train_loader: DataLoader, cfg: TrainConfig, ctx: DistContext, local_batch: int) -> None:
+    if len(train_loader) < cfg.grad_accum_steps:
+        samples = len(train_loader.dataset)
+        raise ValueError(f"the training set ({samples} samples, {samples // ctx.world_size} per process) is smaller "
+                         f"than one batch ({local_batch} per process); lower batch_size")
+
+
+def _memory_data(cfg: TrainConfig, ctx: DistContext, train_base: Dataset, val_base: Dataset, info: DatasetInfo,
+                 data_config: dict[str, Any], local_batch: int) -> DataBundle:
+    """:func:`build_data` with ``data_in_memory``: both splits decoded once (by ``num_workers``
+    processes), batches augmented and served by the training process itself."""
+    if isinstance(train_base, IterableDataset) or isinstance(val_base, IterableDataset):
+        raise ValueError(f"data_in_memory needs a map-style source; dataset {cfg.dataset} is read as a stream")
+    train, val = memory_datasets(train_base, val_base, data_config, cfg.augmentation(), seed=cfg.seed,
+                                 allow_hflip=info.hflip or cfg.hflip is not None, num_workers=cfg.num_workers)
+    micro_batch = local_batch // cfg.grad_accum_steps
+    train_loader = build_loader(train, micro_batch, train=True, seed=cfg.seed, rank=ctx.rank,
+                                world_size=ctx.world_size, pin_memory=ctx.device.type == "cuda")
+    _check_one_step(train_loader, cfg, ctx, local_batch)
+    val_loader = build_loader(val, micro_batch, train=False, rank=ctx.rank, world_size=ctx.world_size,
+                              pin_memory=ctx.device.type == "cuda")
     return DataBundle(info, data_config, train_loader, val_loader, local_batch, cfg.grad_accum_steps)
 
 

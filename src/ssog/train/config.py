@@ -44,7 +44,7 @@ TIMM_INIT_PREFIX = "timm:"
 #: The folder torchvision's CIFAR data sets keep under their root.
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 # Data sources generated in memory, which ignore data_dir.
-_BUILT_IN_DATA = ("digits", "synthetic")
+BUILT_IN_DATA = ("digits", "synthetic")
 # Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
 _SEED_LIMIT = 2**32
 
@@ -64,6 +64,8 @@ class TrainConfig:
     # data
     dataset: str = "digits"
     data_dir: str | None = None
+    # how to get the data when data_dir is not given: a recipe's words, shown in that error
+    data_hint: str | None = None
     download: bool = False
     # The data config (docs/training.md, "One data config"): each of these left null comes from
     # the model's pretrained_cfg (timm's resolve_data_config), e.g. 32 px and CIFAR statistics
@@ -102,6 +104,9 @@ class TrainConfig:
     color_jitter: float | None = None
     train_interpolation: str | None = None
     num_workers: int = 0
+    # decode a map-style data set once into memory and augment whole batches on tensors in the
+    # training process (crops and flips only; ssog.data.memory): no per-epoch decoding, no workers
+    data_in_memory: bool = False
     # ImageFolder files that fail the up-front check: an error naming them (False), or a
     # warning naming each and the run goes on without them (True). See docs/training.md.
     skip_bad_images: bool = False
@@ -227,7 +232,7 @@ class TrainConfig:
             (isinstance(self.model_kwargs, dict), "model_kwargs must be a mapping"),
             (isinstance(self.dataset_kwargs, dict), "dataset_kwargs must be a mapping"),
             (self.num_classes is None or self.num_classes >= 2, "num_classes must be >= 2 or null"),
-            (self.data_dir is None or self.dataset not in _BUILT_IN_DATA,
+            (self.data_dir is None or self.dataset not in BUILT_IN_DATA,
              f"data_dir is set but dataset {self.dataset!r} reads no files; choose dataset imagefolder, "
              "cifar10 or cifar100 (or give data_dir without a dataset to infer it)"),
         ]

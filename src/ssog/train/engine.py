@@ -41,7 +41,7 @@ from torch.utils.data import Dataset
 
 from ssog.data import get_augmentation
 from ssog.files import WriteError, write_atomic
-from ssog.runtime import autocast, is_out_of_memory
+from ssog.runtime import autocast, cpu_seconds, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
 from ssog.train.checkpoint import MODEL_KEY, check_state_dict, save_checkpoints
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
@@ -323,6 +323,7 @@ class Trainer:
         bar = progress_bar(self.main and cfg.progress, total=self.steps_per_epoch, initial=progress.step_in_epoch,
                            desc=f"epoch {progress.epoch + 1}/{self.num_epochs}")
         start = time.perf_counter() - progress.epoch_time
+        cpu_start = cpu_seconds() - progress.cpu_time
         self.window = (0.0, 0, time.perf_counter())
         micro = 0
         try:
@@ -331,17 +332,21 @@ class Trainer:
                     break
                 micro += 1
                 sync = micro % cfg.grad_accum_steps == 0
+                step_start = time.process_time()
                 loss = self.forward_backward(images, targets, sync)
                 progress.loss_sum += loss * len(images)
                 progress.loss_count += len(images)
                 self.window = (self.window[0] + loss * len(images), self.window[1] + len(images), self.window[2])
+                if sync:
+                    self.optimizer_step()
+                progress.step_cpu_time += time.process_time() - step_start
                 if not sync:
                     continue
-                self.optimizer_step()
                 progress.step_in_epoch += 1
                 bar.update()
                 bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.lr():.2e}")
                 progress.epoch_time = time.perf_counter() - start
+                progress.cpu_time = cpu_seconds() - cpu_start
                 self._log_step()
                 if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 \
                         and progress.step_in_epoch < self.steps_per_epoch and not self.at_step_limit():
@@ -362,6 +367,7 @@ class Trainer:
     def _end_epoch(self) -> dict[str, Any]:
         cfg, progress = self.cfg, self.progress
         loss_sum, loss_count = all_reduce_sum([progress.loss_sum, progress.loss_count], self.ctx)
+        eval_start = cpu_seconds()
         val = evaluate(self.model, self.data.val_loader, self.ctx, cfg.amp)
         record: dict[str, Any] = {
             "epoch": progress.epoch + 1, "step": self.global_step, "lr": self.lr(),
@@ -372,6 +378,10 @@ class Trainer:
             ema = evaluate(self.ema.module, self.data.val_loader, self.ctx, cfg.amp)
             record.update({f"ema_{k}": v for k, v in ema.items()})
         record["epoch_time_s"] = progress.epoch_time
+        # This process's CPU seconds (its loader workers' included): training steps, the rest of
+        # training (loading, augmentation, logging) and evaluation.
+        record["cpu_s"] = {"step": progress.step_cpu_time, "loading": progress.cpu_time - progress.step_cpu_time,
+                           "evaluation": cpu_seconds() - eval_start}
         record["grad_norm"] = progress.grad_norms.means()
         progress.end_epoch()
         metric = record["acc1"] if self.cfg.sched_kwargs.get("plateau_mode", "max") == "max" else record["val_loss"]

@@ -91,9 +91,15 @@ class Progress:
     loss_sum: float = 0.0
     loss_count: int = 0
     epoch_time: float = 0.0
+    #: CPU seconds of the epoch in progress (:func:`ssog.runtime.cpu_seconds`): in all, and in
+    #: optimizer steps (forward, backward, update); the rest is loading, augmentation and logging
+    cpu_time: float = 0.0
+    step_cpu_time: float = 0.0
 
     #: The fields saved as they are (the meter and the stream save their own state).
     COUNTERS = ("epoch", "step_in_epoch", "global_step", "loss_sum", "loss_count", "epoch_time")
+    #: Saved counters that older checkpoints lack (restored as 0).
+    NEWER_COUNTERS = ("cpu_time", "step_cpu_time")
 
     def position(self) -> tuple[int, int]:
         """``(epoch, step)``: the epoch in progress (or just completed, 1-based) and the
@@ -104,11 +110,12 @@ class Progress:
         """Count the epoch as completed and clear the partial epoch's sums."""
         self.epoch += 1
         self.step_in_epoch, self.loss_sum, self.loss_count, self.epoch_time = 0, 0.0, 0, 0.0
+        self.cpu_time = self.step_cpu_time = 0.0
         self.grad_norms.reset()
 
     def state_dict(self, ctx: DistContext) -> dict[str, Any]:
         """The checkpoint's ``"progress"`` (a collective with a stream: every process calls it)."""
-        state: dict[str, Any] = {name: getattr(self, name) for name in self.COUNTERS}
+        state: dict[str, Any] = {name: getattr(self, name) for name in self.COUNTERS + self.NEWER_COUNTERS}
         state["grad_norm"] = self.grad_norms.state_dict()
         if self.stream is not None:
             state["stream"] = _gather_stream_state(self.stream, ctx)
@@ -119,6 +126,8 @@ class Progress:
         inside the epoch in progress (it then reads the epoch's stream from its start)."""
         for name in self.COUNTERS:
             setattr(self, name, state[name])
+        for name in self.NEWER_COUNTERS:
+            setattr(self, name, state.get(name, 0.0))
         self.grad_norms.load_state_dict(state.get("grad_norm", {}))  # absent in older checkpoints
         if self.stream is None or not self.step_in_epoch:
             return True
