@@ -9,7 +9,10 @@ time (sum of the epochs' seconds). `--grad-plot` draws one panel per parameter g
 epoch's mean gradient norm (`grad_norm` in log.jsonl) per epoch, a line per run.
 `--margin-plot` pairs the MHA and SSoG runs of one family, token grid and length (read from
 each run's config.yaml) and draws their last-epoch Acc@1 and SSoG's margin against the
-training length. Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
+training length. `--paper-table` prints the paper's layout instead: per family, width, token
+grid and length, each operator setting (MHA; SSoG fixed or steered) with its seeds averaged:
+parameters, forward GFLOPs per image, Acc@1, Acc@5, SSoG's margin over MHA and its parameter
+saving. Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
 `config.yaml`.
 """
 from __future__ import annotations
@@ -147,6 +150,72 @@ def paired_acc1(runs: list[Path]) -> dict[tuple[str, str], list[tuple[int, float
     return pairs
 
 
+def _identity(config: dict) -> str:
+    """A run's setting without its seed and output: runs that share it are seeds of one row."""
+    return json.dumps({k: v for k, v in config.items() if k not in ("seed", "output", "overwrite")}, sort_keys=True,
+                      default=str)
+
+
+def _operator_label(config: dict, operator: str) -> str:
+    kwargs = config.get("model_kwargs") or {}
+    if operator == "mha":
+        return "MHA"
+    steer = kwargs.get("steer") or []
+    if not steer:
+        return "SSoG"
+    gate = kwargs.get("steer_gate_init", -8.0)
+    return f"SSoG steer {'+'.join(steer)} ({'cold' if gate <= -4 else 'warm'})"
+
+
+def _gflops(config: dict) -> float:
+    """Forward GFLOPs of one image of the run's model (built on the meta device)."""
+    import timm
+    import torch
+
+    import ssog.models  # noqa: F401  (registers the models)
+    from ssog.models import count_flops
+
+    with torch.device("meta"):
+        model = timm.create_model(config["model"], num_classes=config.get("num_classes") or 10,
+                                  img_size=config["img_size"], **(config.get("model_kwargs") or {})).eval()
+    return count_flops(model)["total_gflops"]
+
+
+def paper_table(runs: list[Path]) -> list[str]:
+    """Markdown rows in the paper's layout (module docstring), one per operator setting."""
+    rows: dict[str, dict] = {}
+    for run in runs:
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        operator, family, grid, epochs = _setting(run)
+        last = _history(run)[-1]
+        if last["epoch"] < epochs:
+            print(f"note: {run} has {last['epoch']} of its {epochs} epochs: not in the table")
+            continue
+        summary = json.loads((run / "summary.json").read_text())
+        width = (config.get("model_kwargs") or {}).get("embed_dim", "preset")
+        row = rows.setdefault(_identity(config), {
+            "group": (family, width, grid, epochs), "label": _operator_label(config, operator),
+            "params": summary["params"], "gflops": _gflops(config), "acc1": [], "acc5": []})
+        row["acc1"].append(last["acc1"])
+        row["acc5"].append(last["acc5"])
+    lines = ["| family | width | tokens | epochs | operator | seeds | params | saving | GFLOPs | Acc@1 | Acc@5 "
+             "| margin |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    for group in sorted({row["group"] for row in rows.values()}, key=lambda g: (g[0], str(g[1]).zfill(6), *g[2:])):
+        members = sorted((row for row in rows.values() if row["group"] == group), key=lambda r: r["label"])
+        baseline = next((row for row in members if row["label"] == "MHA"), None)
+        for row in members:
+            is_ssog = baseline is not None and row is not baseline
+            saving = f"{1 - row['params'] / baseline['params']:.1%}" if is_ssog else ""
+            margin = f"{mean(row['acc1']) - mean(baseline['acc1']):+.2f}" if is_ssog else ""
+            seeds = ", ".join(f"{a:.2f}" for a in row["acc1"]) if len(row["acc1"]) > 1 else "1"
+            family, width, grid, epochs = group
+            lines.append(f"| {family} | {width} | {grid} | {epochs} | {row['label']} | {seeds} | {row['params']:,} "
+                         f"| {saving} | {row['gflops']:.4f} | {mean(row['acc1']):.2f} | {mean(row['acc5']):.2f} "
+                         f"| {margin} |")
+    return lines
+
+
 def margin_plot(runs: list[Path], path: Path, title: str) -> None:
     """Last-epoch validation Acc@1 of each operator (left) and SSoG minus MHA (right) against the
     training length, one line per family and token grid (`paired_acc1`)."""
@@ -192,7 +261,12 @@ def main() -> None:
                         help="also plot each parameter group's mean gradient norm per epoch here")
     parser.add_argument("--margin-plot", type=Path,
                         help="also plot each MHA/SSoG pair's Acc@1 and margin against the training length here")
+    parser.add_argument("--paper-table", action="store_true",
+                        help="print the paper's layout: MHA against SSoG per family, width and token grid")
     args = parser.parse_args()
+    if args.paper_table:
+        print("\n".join(paper_table(args.runs)))
+        return
     print("| run | params | epochs | Acc@1 | Acc@3 | Acc@5 | val loss | train loss | best Acc@1 | train min |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for run in args.runs:
