@@ -1,6 +1,6 @@
 """``import ssog`` registers the models with timm (SPEC §4), whichever of ssog and timm is
 imported first; each case runs in a fresh interpreter, since imports are process-wide.
-(That ``import ssog.ops`` needs torch alone is tests/test_ops.py's.)"""
+(That the operator's modules import torch alone is tests/test_ops.py's.)"""
 from __future__ import annotations
 
 import os
@@ -16,8 +16,11 @@ from ssog.cli import OPENMP_SPIN_COUNT
      "type(timm.create_model('ssog_vit_micro_patch1_8')).__name__)", "True ViT"),
     ("import timm, ssog; print(len(timm.list_models('ssog_vit_*')) > 0)", "True"),
     ("import ssog.ops; import timm; print('ssog_vit_micro_patch1_8' in timm.list_models())", "True"),
+    # registration is plain imports: no import hook is left behind
+    ("import sys; finders = list(sys.meta_path); import ssog; print([f for f in sys.meta_path if f not in finders])",
+     "[]"),
 ])
-def test_import_registers_models_without_loading_timm_for_the_operator(code, expected, run_child):
+def test_import_registers_the_models(code, expected, run_child):
     result = run_child([sys.executable, "-c", code], 300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected

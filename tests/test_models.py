@@ -506,10 +506,21 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, match):
     assert match in err and err.count("\n") == 1
 
 
-def test_the_names_table_lists_every_registered_model():
-    """src/models/_names.py spells out every name (so a search finds it) and drives registration."""
-    from ssog.models._names import MODEL_NAMES
-    from ssog.models._registry import names_table
+def test_every_model_is_a_register_model_function_written_out_in_its_family_module():
+    """As timm's own modules: ``def NAME(`` under ``@register_model`` in the family's module (so a
+    search for a model name finds it), with its ``default_cfgs`` entry beside it."""
+    import importlib
+    import inspect
 
-    assert MODEL_NAMES == names_table(), "out of date: regenerate with python -m ssog.models._registry"
-    assert sorted(MODEL_NAMES) == list_models()
+    from timm.models import model_entrypoint
+
+    names = list_models()
+    assert len(names) == 36 and {name.split("_")[0] for name in names} == {"mha", "ssog"}
+    for name in names:
+        entry = model_entrypoint(name)
+        module = importlib.import_module(entry.__module__)
+        assert module.__name__ == f"ssog.models.{name.split('_')[1]}" and entry.__name__ == name
+        assert f"@register_model\ndef {name}(pretrained: bool = False" in inspect.getsource(module), name
+        assert name in module.default_cfgs
+
+

@@ -79,10 +79,8 @@ class ViTBase(nn.Module):
     one-line ``ValueError`` naming it and its range.
     """
 
-    #: Family name used in registered model names, and the keyword of its number of
-    #: block applications (blocks / loop iterations / function evaluations).
+    #: Family name used in registered model names (``ssog info``'s ``family``).
     family: str = ""
-    depth_arg: str = ""
 
     def __init__(
         self,

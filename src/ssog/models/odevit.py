@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 from timm.layers import DropPath
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torchdiffeq import odeint, odeint_adjoint
 
@@ -27,7 +28,7 @@ from ..layers.options import check_options
 from ._base import ViTBase
 from ._blocks import create_mixer, create_mlp
 from ._fixed_steps import FIXED_SOLVERS, Field, fixed_step
-from ._registry import register_family
+from ._registry import CIFAR_CFG, DIGITS_CFG, build_registered, model_cfg
 
 __all__ = [
     "ADAPTIVE_SOLVERS", "FIELD_NORMS", "FIXED_SOLVERS", "NoFixedSteps", "OdeViT", "timestep_embedding",
@@ -162,9 +163,6 @@ class OdeViT(ViTBase):
     """
 
     family = "odevit"
-    depth_arg = "nfe"
-    #: The presets' evaluations are a default an adaptive solver replaces (:mod:`._registry`).
-    preset_depth_arg = "default_nfe"
 
     def __init__(
         self,
@@ -360,4 +358,102 @@ class OdeViT(ViTBase):
         return "field"
 
 
-register_family(__name__, OdeViT)
+# ------------------------------------------------------------------ registered models
+default_cfgs = generate_default_cfgs({
+    "mha_odevit_small_patch16_224": model_cfg(),
+    "mha_odevit_medium_patch16_224": model_cfg(),
+    "mha_odevit_base_patch16_224": model_cfg(),
+    "mha_odevit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "mha_odevit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "mha_odevit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+    "ssog_odevit_small_patch16_224": model_cfg(),
+    "ssog_odevit_medium_patch16_224": model_cfg(),
+    "ssog_odevit_base_patch16_224": model_cfg(),
+    "ssog_odevit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "ssog_odevit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "ssog_odevit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+})
+
+
+@register_model
+def mha_odevit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=384, num_heads=6, default_nfe=12)
+    return build_registered(OdeViT, "mha_odevit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=576, num_heads=9, default_nfe=12)
+    return build_registered(OdeViT, "mha_odevit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=768, num_heads=12, default_nfe=12)
+    return build_registered(OdeViT, "mha_odevit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="mha", img_size=32, patch_size=4, embed_dim=128, num_heads=4, default_nfe=6)
+    return build_registered(OdeViT, "mha_odevit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="mha", img_size=8, patch_size=1, embed_dim=64, num_heads=4, default_nfe=4)
+    return build_registered(OdeViT, "mha_odevit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="mha", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", default_nfe=4)
+    return build_registered(OdeViT, "mha_odevit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=384, num_heads=6, default_nfe=12)
+    return build_registered(OdeViT, "ssog_odevit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=576, num_heads=9, default_nfe=12)
+    return build_registered(OdeViT, "ssog_odevit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=768, num_heads=12, default_nfe=12)
+    return build_registered(OdeViT, "ssog_odevit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="ssog", img_size=32, patch_size=4, embed_dim=128, num_heads=4, default_nfe=6)
+    return build_registered(OdeViT, "ssog_odevit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="ssog", img_size=8, patch_size=1, embed_dim=64, num_heads=4, default_nfe=4)
+    return build_registered(OdeViT, "ssog_odevit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="ssog", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", default_nfe=4)
+    return build_registered(OdeViT, "ssog_odevit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))
