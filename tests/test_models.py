@@ -17,7 +17,7 @@ from torch import nn
 
 import ssog.models  # noqa: F401  (registers the models)
 from ssog.cli import main
-from ssog.layers import MultiHeadAttention, SSoGAttention
+from ssog.layers import MultiHeadAttention, SSoGAttention, ssog_mixers
 from ssog.models import (
     FIXED_SOLVERS, LoopViT, OdeViT, ViT, count_flops, count_parameters, create_model, list_models,
 )
@@ -456,6 +456,45 @@ def test_bad_images_raise_clear_errors():
 def test_bad_architecture_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         timm.create_model("mha_vit_micro_patch1_8", **kwargs)
+
+
+def test_mixer_options_come_in_one_channel_as_a_mapping_or_as_keywords():
+    torch.manual_seed(0)
+    flat = timm.create_model("ssog_vit_micro_patch1_8", steer=["mu"], steer_gate_init=0.0, num_atoms=2)
+    torch.manual_seed(0)
+    mapped = timm.create_model("ssog_vit_micro_patch1_8", mixer_kwargs=dict(steer=["mu"], steer_gate_init=0.0),
+                               num_atoms=2)
+    assert flat.mixer_kwargs == mapped.mixer_kwargs and flat.mixer_kwargs["steer"] == ("mu",)
+    assert all(torch.equal(a, b) for a, b in zip(flat.state_dict().values(), mapped.state_dict().values()))
+    with pytest.raises(ValueError, match=r"mixer option\(s\) \['num_atoms'\] given both in mixer_kwargs and as"):
+        timm.create_model("ssog_vit_micro_patch1_8", mixer_kwargs=dict(num_atoms=2), num_atoms=3)
+    with pytest.raises(TypeError, match=r"unexpected option\(s\) \['num_atom'\]: neither a model argument nor"):
+        timm.create_model("ssog_vit_micro_patch1_8", num_atom=2)
+
+
+def test_a_new_option_of_the_layer_reaches_every_family_untouched(monkeypatch):
+    """The families forward the layer's options without naming them: an option added to the
+    layer's constructor alone is accepted, reported in ``config()`` and reaches every mixer."""
+    from ssog.models import _blocks
+
+    import inspect
+
+    class Extended(SSoGAttention):
+        def __init__(self, dim: int, num_heads: int, extra_option: int = 7, **kwargs) -> None:
+            super().__init__(dim, num_heads, **kwargs)
+            self.extra_option = extra_option
+
+    # the layer's signature with one more keyword, as editing SSoGAttention.__init__ would give
+    signature = inspect.signature(SSoGAttention)
+    extra = inspect.Parameter("extra_option", inspect.Parameter.KEYWORD_ONLY, default=7)
+    Extended.__signature__ = signature.replace(parameters=[*signature.parameters.values(), extra])
+
+    monkeypatch.setitem(_blocks.MIXERS, "ssog", Extended)
+    for family in ("vit", "loopvit", "odevit"):
+        model = timm.create_model(f"ssog_{family}_micro_patch1_8", extra_option=3)
+        assert model.config()["ssog"]["extra_option"] == 3
+        assert {mixer.extra_option for mixer in ssog_mixers(model)} == {3}
+        assert timm.create_model(f"ssog_{family}_micro_patch1_8").config()["ssog"]["extra_option"] == 7
 
 
 @pytest.mark.parametrize("kwargs,match", [

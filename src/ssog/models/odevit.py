@@ -98,7 +98,7 @@ class VectorField(nn.Module):
         qkv_bias: bool = True,
         proj_drop: float = 0.0,
         drop_path: float = 0.0,
-        ssog_args: dict[str, Any] | None = None,
+        mixer_kwargs: dict[str, Any] | None = None,
         norm: str = "center",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -111,7 +111,7 @@ class VectorField(nn.Module):
         self.norm = CenterNorm(dim) if norm == "center" else nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False, **dd)
         self.attn = create_mixer(
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, ssog_args=ssog_args, **dd,
+            proj_drop=proj_drop, mixer_kwargs=mixer_kwargs, **dd,
         )
         self.mlp = create_mlp(dim, mlp_ratio, proj_drop=proj_drop, **dd)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, **dd))
