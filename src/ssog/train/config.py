@@ -146,11 +146,9 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     device: str = "auto"  # auto | cpu | cuda
-    # Intra-op threads of a CPU run (null: torch's default, one per core). One by default:
-    # the small models trained on CPUs gain little from more (4-8% for the digits run on two
-    # quiet cores), and beside one busy process two threads made it 1.8-2x slower (15x before
-    # the command line capped OpenMP's spinning; docs/results/digits_default.md).
-    threads: int | None = 1
+    # Intra-op threads of a CPU run (null: torch's own choice, one per core); a recipe for a
+    # shared machine may set 1 (docs/training.md, "threads").
+    threads: int | None = None
     output: str | None = None  # None: runs/<timestamp>-<random hex>
     # replace the files of an earlier run in `output` (never other files); results unchanged
     overwrite: bool = False
