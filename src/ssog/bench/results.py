@@ -25,6 +25,8 @@ __all__ = ["BenchResults", "environment"]
 
 JSON_NAME = "results.json"
 CSV_NAME = "results.csv"
+#: The stems of the figures :mod:`ssog.bench.plots` draws from the results (``.png`` and ``.pdf``).
+FIGURES = ("fig5_scaling", "fig4_improvement", "fig1_width")
 
 
 def _device_name(device: torch.device) -> str:

@@ -38,7 +38,7 @@ LICENSE = "mit"
 CIFAR_CFG: dict[str, Any] = dict(input_size=(3, 32, 32), num_classes=10, mean=CIFAR10_MEAN, std=CIFAR10_STD,
                                  crop_pct=1.0)
 #: The data config of the 8x8 presets (``*_micro_patch1_8``, ``*_digits_patch2_8``): single-channel
-#: images, as scikit-learn's digits, the embedded default data set.
+#: images, as the embedded digits, the default data set.
 DIGITS_CFG: dict[str, Any] = dict(input_size=(1, 8, 8), num_classes=10, mean=(0.5,), std=(0.5,), crop_pct=1.0)
 #: The modules that register the families, as ``timm.list_models(module=...)`` names them.
 FAMILY_MODULES: tuple[str, ...] = ("vit", "loopvit", "odevit")

@@ -45,7 +45,7 @@ TIMM_INIT_PREFIX = "timm:"
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 # Data sources generated in memory, which ignore data_dir.
 _BUILT_IN_DATA = ("digits", "synthetic")
-# Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
+# Seeds are 32-bit: numpy's legacy seeding (and so the stratified splits) takes them modulo 2**32.
 _SEED_LIMIT = 2**32
 
 
