@@ -98,9 +98,9 @@ def _names_weights(pretrained_cfg: Any, overlay: dict[str, Any] | None) -> bool:
 
 def list_models(pattern: str = "*") -> list[str]:
     """Sorted names of the registered ssog models matching the glob ``pattern``."""
-    names = timm.list_models(module=list(FAMILY_MODULES))
-    return sorted(fnmatch.filter([name for name in names if model_entrypoint(name).__module__.startswith(
-        f"{__package__}.")], pattern))
+    names = [name for module in FAMILY_MODULES for name in timm.list_models(module=module)
+             if model_entrypoint(name).__module__ == f"{__package__}.{module}"]
+    return sorted(fnmatch.filter(names, pattern))
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
