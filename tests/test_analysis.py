@@ -216,7 +216,6 @@ def test_field_branches_are_the_gated_mixer_and_mlp_at_each_euler_time(op):
     field = model.field
     x, grid = model.embed(images)  # recompute the first evaluation by hand
     with torch.no_grad():
-        field.grid_size = grid
         emb = timestep_embedding(torch.tensor(0.0), 16)[None]
         s_a, b_a, g_a, s_m, b_m, g_m = field.adaLN_modulation(emb).chunk(6, -1)
         h = field.norm(x)

@@ -337,3 +337,38 @@ def test_a_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="could not download cifar100"):
         build_datasets("cifar100", str(root), download=True)
     assert [p.name for p in root.iterdir()] == ["mine.txt"]
+
+
+def test_the_stratified_split_is_scikit_learns():
+    """Runs split as they did when scikit-learn drew the split: the same sets for every kind of
+    target list, fraction and count, and seed."""
+    model_selection = pytest.importorskip("sklearn.model_selection")
+    rng = np.random.default_rng(0)
+    checked = 0
+    for trial in range(200):
+        classes = int(rng.integers(2, 12))
+        n = int(rng.integers(2 * classes, 300))
+        extra = rng.integers(0, classes, n - 2 * classes)
+        targets = rng.permutation(np.concatenate([np.arange(classes), np.arange(classes), extra]))
+        targets = targets * int(rng.integers(1, 4))  # labels need not be 0..k-1
+        seed = int(rng.integers(0, 2**32 - 1))
+        size = float(rng.uniform(0.05, 0.9)) if trial % 2 else int(rng.integers(classes, n - classes + 1))
+        held_out = int(np.ceil(size * n)) if isinstance(size, float) else size
+        if not classes <= held_out <= n - classes:
+            continue
+        kept, held = model_selection.train_test_split(np.arange(n), test_size=size, stratify=targets,
+                                                      random_state=seed, shuffle=True)
+        assert stratified_split(targets.tolist(), size, seed) == (sorted(kept.tolist()), sorted(held.tolist()))
+        checked += 1
+    assert checked > 150
+
+
+def test_the_embedded_digits_are_scikit_learns():
+    datasets = pytest.importorskip("sklearn.datasets")
+    from ssog.data.builtin import digits_datasets
+
+    digits = datasets.load_digits()
+    train, val, info = digits_datasets(None, seed=0)
+    assert np.array_equal(train.dataset.images, np.round(digits.images * (255.0 / 16.0)).astype(np.uint8))
+    assert train.dataset.targets == digits.target.tolist() and info.classes == tuple("0123456789")
+    assert (len(train), len(val)) == (1437, 360)

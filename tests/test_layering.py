@@ -76,3 +76,13 @@ def test_files_stay_small_and_public_modules_declare_their_exports(path):
                  for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
                  if isinstance(target, ast.Name)}
         assert "__all__" in names, f"{path.relative_to(SRC)} has no __all__"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_torchdiffeq_is_used_through_its_public_api(path):
+    """``from torchdiffeq import odeint``, never its private ``_impl`` (which moves between releases)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        private = [name for name in names if name.startswith("torchdiffeq.")]
+        assert not private, f"{path.relative_to(SRC)} imports {private}: use torchdiffeq's public odeint"

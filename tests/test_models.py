@@ -17,7 +17,7 @@ from torch import nn
 
 import ssog.models  # noqa: F401  (registers the models)
 from ssog.cli import main
-from ssog.layers import MultiHeadAttention, SSoGAttention
+from ssog.layers import MultiHeadAttention, SSoGAttention, ssog_mixers
 from ssog.models import (
     FIXED_SOLVERS, LoopViT, OdeViT, ViT, count_flops, count_parameters, create_model, list_models,
 )
@@ -317,6 +317,25 @@ def _random_field(model: OdeViT, scale: float = 0.2) -> OdeViT:
     return model
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("solver", list(FIXED_SOLVERS))
+def test_fixed_steps_are_torchdiffeqs_odeint_bit_for_bit(solver, dtype):
+    """The family's traceable fixed-step loop gives exactly what torchdiffeq's public odeint gives
+    for the same solver and grid, at every step."""
+    from torchdiffeq import odeint
+
+    model = _random_field(timm.create_model("ssog_odevit_micro_patch1_8", embed_dim=16, num_heads=2, solver=solver,
+                                            nfe=3 * FIXED_SOLVERS[solver])).to(dtype).eval()
+    x, grid = model.embed(images(model).to(dtype))
+    times = torch.arange(4, dtype=dtype) / 3
+    with torch.no_grad():
+        reference = odeint(lambda t, y: model.field(t, y, grid), x, times, method=solver)
+        states = model.integrate(x, grid)
+    assert len(states) == 3 and model.nfe == 3 * FIXED_SOLVERS[solver]
+    for step, state in enumerate(states, start=1):
+        assert torch.equal(state, reference[step]), step
+
+
 def test_dopri5_matches_a_fine_fixed_step_solution():
     """dopri5 at rtol=1e-7, atol=1e-9 lands within 1e-5 of 16 RK4 steps (float64; 16 and
     256 RK4 steps agree to ~2e-7, so the reference is far more accurate than that)."""
@@ -368,9 +387,8 @@ def test_adjoint_with_fixed_steps_runs_and_counts_forward_evaluations():
 def test_vector_field_is_callable_on_its_own():
     model = _random_field(timm.create_model("ssog_odevit_micro_patch1_8").eval())
     x, grid = model.embed(images(model))
-    model.field.grid_size = grid
     with torch.no_grad():
-        out = model.field(torch.tensor(0.5), x)
+        out = model.field(torch.tensor(0.5), x, grid)
     assert out.shape == x.shape and out.abs().max() > 0
 
 
@@ -440,6 +458,45 @@ def test_bad_architecture_arguments(kwargs, match):
         timm.create_model("mha_vit_micro_patch1_8", **kwargs)
 
 
+def test_mixer_options_come_in_one_channel_as_a_mapping_or_as_keywords():
+    torch.manual_seed(0)
+    flat = timm.create_model("ssog_vit_micro_patch1_8", steer=["mu"], steer_gate_init=0.0, num_atoms=2)
+    torch.manual_seed(0)
+    mapped = timm.create_model("ssog_vit_micro_patch1_8", mixer_kwargs=dict(steer=["mu"], steer_gate_init=0.0),
+                               num_atoms=2)
+    assert flat.mixer_kwargs == mapped.mixer_kwargs and flat.mixer_kwargs["steer"] == ("mu",)
+    assert all(torch.equal(a, b) for a, b in zip(flat.state_dict().values(), mapped.state_dict().values()))
+    with pytest.raises(ValueError, match=r"mixer option\(s\) \['num_atoms'\] given both in mixer_kwargs and as"):
+        timm.create_model("ssog_vit_micro_patch1_8", mixer_kwargs=dict(num_atoms=2), num_atoms=3)
+    with pytest.raises(TypeError, match=r"unexpected option\(s\) \['num_atom'\]: neither a model argument nor"):
+        timm.create_model("ssog_vit_micro_patch1_8", num_atom=2)
+
+
+def test_a_new_option_of_the_layer_reaches_every_family_untouched(monkeypatch):
+    """The families forward the layer's options without naming them: an option added to the
+    layer's constructor alone is accepted, reported in ``config()`` and reaches every mixer."""
+    from ssog.models import _blocks
+
+    import inspect
+
+    class Extended(SSoGAttention):
+        def __init__(self, dim: int, num_heads: int, extra_option: int = 7, **kwargs) -> None:
+            super().__init__(dim, num_heads, **kwargs)
+            self.extra_option = extra_option
+
+    # the layer's signature with one more keyword, as editing SSoGAttention.__init__ would give
+    signature = inspect.signature(SSoGAttention)
+    extra = inspect.Parameter("extra_option", inspect.Parameter.KEYWORD_ONLY, default=7)
+    Extended.__signature__ = signature.replace(parameters=[*signature.parameters.values(), extra])
+
+    monkeypatch.setitem(_blocks.MIXERS, "ssog", Extended)
+    for family in ("vit", "loopvit", "odevit"):
+        model = timm.create_model(f"ssog_{family}_micro_patch1_8", extra_option=3)
+        assert model.config()["ssog"]["extra_option"] == 3
+        assert {mixer.extra_option for mixer in ssog_mixers(model)} == {3}
+        assert timm.create_model(f"ssog_{family}_micro_patch1_8").config()["ssog"]["extra_option"] == 7
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(solver="rk45"), "unknown solver 'rk45'.*euler.*dopri5"),
     (dict(solver="rk4", nfe=10), "nfe=10 is not a positive multiple of the 4"),
@@ -488,10 +545,21 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, match):
     assert match in err and err.count("\n") == 1
 
 
-def test_the_names_table_lists_every_registered_model():
-    """src/models/_names.py spells out every name (so a search finds it) and drives registration."""
-    from ssog.models._names import MODEL_NAMES
-    from ssog.models._registry import names_table
+def test_every_model_is_a_register_model_function_written_out_in_its_family_module():
+    """As timm's own modules: ``def NAME(`` under ``@register_model`` in the family's module (so a
+    search for a model name finds it), with its ``default_cfgs`` entry beside it."""
+    import importlib
+    import inspect
 
-    assert MODEL_NAMES == names_table(), "out of date: regenerate with python -m ssog.models._registry"
-    assert sorted(MODEL_NAMES) == list_models()
+    from timm.models import model_entrypoint
+
+    names = list_models()
+    assert len(names) == 36 and {name.split("_")[0] for name in names} == {"mha", "ssog"}
+    for name in names:
+        entry = model_entrypoint(name)
+        module = importlib.import_module(entry.__module__)
+        assert module.__name__ == f"ssog.models.{name.split('_')[1]}" and entry.__name__ == name
+        assert f"@register_model\ndef {name}(pretrained: bool = False" in inspect.getsource(module), name
+        assert name in module.default_cfgs
+
+

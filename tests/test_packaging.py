@@ -53,3 +53,54 @@ def test_changelog_keeps_an_unreleased_section_first():
     unreleased = text.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
     assert set(re.findall(r"^### (\w+)", unreleased, flags=re.M)) <= {
         "Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def test_the_core_install_is_light_and_the_extras_hold_the_rest():
+    requirements = METADATA.get_all("Requires-Dist")
+    core = {re.split(r"[<>=!~ ;\[]", r)[0].lower() for r in requirements if "extra ==" not in r}
+    assert core == {"torch", "torchvision", "timm", "torchdiffeq", "numpy", "pyyaml", "tqdm", "safetensors"}
+
+    def extra(name: str) -> set[str]:
+        return {re.split(r"[<>=!~ ;\[]", r)[0].lower() for r in requirements if f'extra == "{name}"' in r}
+
+    assert extra("plot") == {"matplotlib"}
+    assert {"matplotlib", "scikit-learn", "pytest", "onnxruntime", "datasets"} <= extra("dev")
+    import ssog.data.builtin
+
+    assert ssog.data.builtin.DIGITS_FILE.is_file()  # package data: the digits travel with the code
+
+
+#: Python that hides matplotlib and scikit-learn from the code that follows, as on a core install.
+WITHOUT_EXTRAS = "import sys; sys.modules['matplotlib'] = None; sys.modules['sklearn'] = None\n"
+
+
+@pytest.mark.subprocess
+def test_ssog_train_runs_on_the_core_install(tmp_path, run_child):
+    """The README's first command: ``ssog train`` trains on the embedded digits without
+    matplotlib or scikit-learn; the run says it draws no curves and why."""
+    import sys
+
+    code = WITHOUT_EXTRAS + (
+        "from ssog.cli import main\n"
+        f"raise SystemExit(main(['train', '--output', {str(tmp_path / 'run')!r}, '--no-progress', '--threads', '1',"
+        " '--set', 'max_steps=2', '--set', 'epochs=1']))\n")
+    result = run_child([sys.executable, "-c", code], 600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "curves.png is not drawn: matplotlib is not installed (pip install 'ssog[plot]')" in result.stdout
+    assert (tmp_path / "run" / "best.safetensors").is_file() and not (tmp_path / "run" / "curves.png").exists()
+
+
+@pytest.mark.parametrize("argv, needed_by", [
+    (["bench-op", "--grids", "4", "--output", "OUT"], "ssog bench-op"),
+    (["bench", "--output", "OUT"], "ssog bench (without --no-plots)"),
+    (["analyze", "kernels", "--model", "ssog_vit_micro_patch1_8", "--output", "OUT"], "ssog analyze kernels --output"),
+])
+def test_a_command_that_draws_figures_names_the_extra_it_needs(argv, needed_by, tmp_path, monkeypatch, capsys):
+    from ssog.cli import main
+
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    assert main([str(tmp_path / "out") if a == "OUT" else a for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith(
+        f"{needed_by} draws figures with matplotlib, which is not installed: pip install 'ssog[plot]'\n")
+    assert not (tmp_path / "out").exists()

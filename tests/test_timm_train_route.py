@@ -64,7 +64,7 @@ def test_train_py_builds_configures_and_steps_an_ssog_model(tmp_path):
     ])
     torch.manual_seed(0)
     model = _create_model_as_train_py(args)
-    assert model.num_classes == 4 and model.ssog_args["steer"] == ("mu",) and model.ssog_args["num_atoms"] == 2
+    assert model.num_classes == 4 and model.mixer_kwargs["steer"] == ("mu",) and model.mixer_kwargs["num_atoms"] == 2
     model.set_grad_checkpointing(enable=args.grad_checkpointing)
     data_config = resolve_data_config(vars(args), model=model)
     assert data_config["input_size"] == (1, 8, 8) and data_config["mean"] == (0.5,)  # the preset's own

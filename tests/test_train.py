@@ -343,3 +343,17 @@ def test_a_refused_resume_does_not_say_it_resumed(tiny_config, tmp_path, ssog_lo
     assert "resumed at" not in ssog_log.text
     train(resume=tmp_path / "run", resume_changes={"epochs": 2})
     assert "resumed at epoch 2, step 4" in ssog_log.text
+
+
+def test_threads_default_to_torchs_choice(monkeypatch):
+    """A run leaves torch's thread count alone unless ``threads`` is set (recipes may set 1)."""
+    from ssog.runtime import torch_settings
+    from ssog.train import TrainConfig
+
+    assert TrainConfig().threads is None
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    with torch_settings(torch.device("cpu"), TrainConfig().threads):
+        assert calls == []
+    with torch_settings(torch.device("cpu"), 1):
+        assert calls[-1] == 1

@@ -3,19 +3,15 @@
 The paper: https://arxiv.org/abs/2611.08236 (arXiv 2611.08236). docs/operator.md defines the
 operator as implemented here; the code cites its sections and those of docs/models.md.
 
-The package imports lazily: ``import ssog.ops`` (the operator) and ``import ssog.layers``
-need torch alone, and the names below load their subpackage on first use. ``import ssog``
-registers the model families with timm, so that ``timm.create_model("ssog_vit_small_patch16_224")``
-builds them: at once when timm is already imported, else as soon as it is (importing timm
-is what a caller of ``timm.create_model`` does), so the operator alone never loads timm.
+``import ssog`` registers the model families with timm (it imports :mod:`ssog.models`, whose
+family modules hold one ``@register_model`` function per model), so that
+``timm.create_model("ssog_vit_small_patch16_224")`` builds them. The other subpackages load on
+first use (``ssog.train``, ``ssog.bench``, ...).
 """
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.metadata
-import importlib.util
-import sys
 from typing import TYPE_CHECKING, Any
 
 try:  # one home for the version: pyproject.toml, through the installed package's metadata
@@ -54,35 +50,4 @@ def __dir__() -> list[str]:
     return sorted([*__all__, *_SUBPACKAGES])
 
 
-class _RegisterWhenTimmLoads(importlib.abc.MetaPathFinder):
-    """Import :mod:`ssog.models` (which registers the models) right after timm is imported.
-
-    A meta-path finder that only watches for ``timm``: it lets the normal finders locate it
-    and wraps the loader so that the registration runs once timm has fully loaded.
-    """
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "timm":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("timm")
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_register(module: Any) -> None:
-            exec_module(module)
-            importlib.import_module(".models", __name__)
-
-        spec.loader.exec_module = exec_and_register  # type: ignore[method-assign]
-        return spec
-
-
-def _register_models_with_timm() -> None:
-    if "timm" in sys.modules:
-        importlib.import_module(".models", __name__)
-    elif not any(isinstance(finder, _RegisterWhenTimmLoads) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenTimmLoads())
-
-
-_register_models_with_timm()
+from . import models  # noqa: E402,F401  (registers the models with timm)

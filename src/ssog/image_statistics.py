@@ -4,8 +4,7 @@ CPU presets are made for.
 One home for both of their users: the data sources (:data:`ssog.data.info.SOURCE_STATISTICS`)
 and the presets' ``pretrained_cfg`` (:mod:`ssog.models._registry`). It sits below both, with
 no imports, because models must not import the data package (``README.md``, "Development":
-``data`` is built on ``models``) and importing it would load scikit-learn and torchvision
-with ``import ssog``.
+``data`` is built on ``models``) and importing it would load torchvision with ``import ssog``.
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from typing import Iterator
 import torch
 
 __all__ = [
-    "DTYPES", "autocast", "check_plotting", "cpu_seconds", "is_out_of_memory", "resolve_device", "resolve_dtype",
+    "DTYPES", "PLOT_EXTRA", "autocast", "check_plotting", "cpu_seconds", "is_out_of_memory", "resolve_device",
+    "resolve_dtype",
     "torch_settings",
 ]
 
@@ -70,15 +71,29 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def check_plotting() -> None:
-    """Raise a ValueError naming ``MPLBACKEND`` when its value keeps matplotlib from importing.
+#: How to install what the figures need (matplotlib, an extra of the package).
+PLOT_EXTRA = "pip install 'ssog[plot]'"
 
-    ssog draws its figures on bare ``Figure`` objects into files and needs no backend, but
-    matplotlib checks ``MPLBACKEND`` when it is imported; commands call this before their work
-    so that a bad value stops them at once, not after an epoch or a sweep.
+
+def check_plotting(needed_by: str | None = None) -> bool:
+    """Whether figures can be drawn: matplotlib (the ``plot`` extra) is installed.
+
+    Commands call this before their work, so that what stops them does so at once, not after
+    an epoch or a sweep. ``needed_by`` (e.g. ``"ssog bench-op"``) is a command whose output
+    includes figures: without matplotlib it cannot run, and a ``ValueError`` says which extra
+    to install; without ``needed_by`` the caller goes on without figures. ssog draws on bare
+    ``Figure`` objects into files and needs no backend, but matplotlib checks ``MPLBACKEND``
+    when it is imported: a value that keeps it from importing is a ``ValueError`` naming it.
     """
     try:
         import matplotlib  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name != "matplotlib":
+            raise
+        if needed_by is not None:
+            raise ValueError(f"{needed_by} draws figures with matplotlib, which is not installed: {PLOT_EXTRA}") \
+                from None
+        return False
     except ValueError as error:
         backend = os.environ.get("MPLBACKEND")
         if backend is None or "backend" not in str(error):
@@ -86,6 +101,7 @@ def check_plotting() -> None:
         raise ValueError(f"MPLBACKEND={backend!r} is not a matplotlib backend, and matplotlib does not import "
                          "with it; unset MPLBACKEND (ssog draws its figures into files and needs no backend) "
                          "or set MPLBACKEND=Agg") from None
+    return True
 
 
 def cpu_seconds() -> float:

@@ -156,7 +156,7 @@ def lipschitz_analysis(
     model = copy.deepcopy(model).eval().to(dtype).requires_grad_(False)  # no graphs through weights
     images = images.to(dtype)
     mixer_points: dict[str, tuple[nn.Module, Tensor, tuple[int, int]]] = {}
-    field_points: list[tuple[Tensor, Tensor]] = []
+    field_points: list[tuple[Tensor, Tensor, tuple[int, int]]] = []
 
     def on_mixer(name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int]) -> None:
         mixer_points.setdefault(name, (module, x.detach(), grid_size))
@@ -165,7 +165,7 @@ def lipschitz_analysis(
     hooks = []
     if isinstance(field, VectorField):
         hooks.append(field.register_forward_pre_hook(
-            lambda module, args: field_points.append((args[0].detach(), args[1].detach()))))
+            lambda module, args: field_points.append((args[0].detach(), args[1].detach(), args[2]))))
     try:
         with torch.no_grad(), on_mixer_calls(model, on_mixer):
             model.forward_features(images)
@@ -190,9 +190,9 @@ def lipschitz_analysis(
                        estimates(lambda z, m=module, g=grid_size: m(z, g), x))
         mixers.append({"module": name, **curve})
     steps = []
-    for step, (t, x) in enumerate(field_points):
-        curve = _curve(field_lipschitz_bound(field, t, field.grid_size),
-                       estimates(lambda z, t=t: field(t, z), x))
+    for step, (t, x, grid_size) in enumerate(field_points):
+        curve = _curve(field_lipschitz_bound(field, t, grid_size),
+                       estimates(lambda z, t=t, g=grid_size: field(t, z, g), x))
         steps.append({"step": step, "t": float(t), **curve})
     return {
         "scales": scales,

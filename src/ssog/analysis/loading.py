@@ -36,7 +36,7 @@ class AnalysisModel:
     def describe(self) -> dict[str, Any]:
         """Plain-value identity of the model for reports."""
         model = self.model
-        ssog = getattr(model, "ssog_args", None) or {}
+        ssog = getattr(model, "mixer_kwargs", None) or {}
         return {
             "model": self.name,
             "source": self.source,

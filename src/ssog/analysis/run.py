@@ -18,7 +18,6 @@ from .field import field_branches
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
 from .loading import AnalysisModel, data_name, image_batches, iter_models
-from .plots import plot_field, plot_kernels, plot_lipschitz
 from .sinks import sink_diagnostics
 
 __all__ = ["DTYPES", "OUTPUTS", "run_field", "run_kernels", "run_lipschitz", "run_sinks"]
@@ -59,7 +58,7 @@ def _for_each_model(
     ``overwrite`` (then they are removed), and so is a matplotlib that cannot import.
     """
     if output is not None:
-        check_plotting()
+        check_plotting(f"ssog analyze {analysis} --output")
         clear_results(output, OUTPUTS[analysis], overwrite=overwrite, what=f"ssog analyze {analysis}")
     loaded_models = iter_models(models, checkpoints, ema=ema, seed=seed, device=device)
     results = [analyse(index, loaded) for index, loaded in enumerate(loaded_models)]
@@ -134,6 +133,7 @@ def run_lipschitz(
     results = _for_each_model("lipschitz", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
                               output=output, overwrite=overwrite)
     if output is not None:
+        from .plots import plot_lipschitz  # matplotlib: only when figures are written
         plot_lipschitz(results, Path(output) / "lipschitz.png")
     return results
 
@@ -162,6 +162,7 @@ def run_field(
     results = _for_each_model("field", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
                               output=output, overwrite=overwrite)
     if output is not None:
+        from .plots import plot_field  # matplotlib: only when figures are written
         plot_field(results, Path(output) / "field.png")
     return results
 
@@ -183,6 +184,7 @@ def run_kernels(
         result = {**loaded.describe(), "kernels": kernel_statistics(loaded.model)}
         if output is not None:
             stem = re.sub(r"[^A-Za-z0-9_.-]", "_", loaded.name)
+            from .plots import plot_kernels  # matplotlib: only when figures are written
             figure = plot_kernels(loaded.model, Path(output) / f"kernels_{index}_{stem}.png",
                                   title=f"{loaded.name} ({loaded.source})")
             result["figure"] = str(figure)

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullFormatter, ScalarFormatter
 
 from ssog.bench.report import paired_points
-from ssog.bench.results import BenchResults
+from ssog.bench.results import FIGURES, BenchResults
 from ssog.files import save_figure
 
 __all__ = ["FIGURES", "plot_improvement", "plot_results", "plot_scaling", "plot_width"]
@@ -39,7 +39,6 @@ STYLE = {  # op -> line style, marker, out-of-memory marker, label
 FAMILY_TITLES = {"odevit": "Continuous (ODE-ViT)", "vit": "Discrete (ViT)", "loopvit": "Looped (bViT)"}
 FAMILY_ORDER = tuple(FAMILY_TITLES)
 #: The figures :func:`plot_results` draws (each as ``.png`` and ``.pdf``).
-FIGURES = ("fig5_scaling", "fig4_improvement", "fig1_width")
 
 
 def _families(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -25,6 +25,8 @@ __all__ = ["BenchResults", "environment"]
 
 JSON_NAME = "results.json"
 CSV_NAME = "results.csv"
+#: The stems of the figures :mod:`ssog.bench.plots` draws from the results (``.png`` and ``.pdf``).
+FIGURES = ("fig5_scaling", "fig4_improvement", "fig1_width")
 
 
 def _device_name(device: torch.device) -> str:
@@ -70,8 +72,8 @@ def environment(device: torch.device, dtype: str) -> dict[str, Any]:
 
         # Whether auto could take the fused CPU kernels (and why not): inference speeds differ.
         env["cpp_backend"] = "available" if cpp_kernels.available() else cpp_kernels.unavailable_reason()
-    # How OpenMP threads wait at barriers (the command line sets GOMP_SPINCOUNT): on a
-    # shared CPU it decides how much a busy neighbour costs (docs/results/scaling.md).
+    # How OpenMP threads wait at barriers, where the user set it: on a shared CPU it decides
+    # how much a busy neighbour costs (docs/bench.md, "Measuring on a shared CPU").
     env["openmp_wait"] = {name: os.environ[name] for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                           if name in os.environ}
     if hasattr(os, "getloadavg"):

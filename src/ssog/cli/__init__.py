@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import os
 import signal
 import sys
 from types import ModuleType
@@ -17,10 +16,7 @@ from typing import NoReturn, Sequence
 
 from ssog import __version__  # the installed metadata's (pyproject.toml)
 
-__all__ = [
-    "COMMANDS", "OPENMP_SPIN_COUNT", "build_parsers", "limit_openmp_spinning", "main", "one_line",
-    "refuse_unknown_options",
-]
+__all__ = ["COMMANDS", "build_parsers", "main", "one_line", "refuse_unknown_options"]
 
 COMMANDS: tuple[str, ...] = (
     "info",
@@ -32,23 +28,6 @@ COMMANDS: tuple[str, ...] = (
     "analyze",
     "export",
 )
-
-
-#: libgomp (the OpenMP runtime of torch's Linux wheels) lets a thread that reaches a barrier
-#: spin for 300,000 pause instructions before it sleeps. Beside another busy process that
-#: spin holds the core the late thread needs, at every parallel operator (a small ViT at
-#: 224 px on 2 cores fell from 26 to 5.5 images/s). 10,000 kept a quiet machine's speed and
-#: most of that loss away; 1,000 slowed many small regions (docs/results/scaling.md, "OpenMP
-#: spinning"). As torchrun sets OMP_NUM_THREADS for its workers, the command line sets this
-#: for its own process, before torch loads the runtime.
-OPENMP_SPIN_COUNT = "10000"
-
-
-def limit_openmp_spinning() -> None:
-    """Set ``GOMP_SPINCOUNT`` to :data:`OPENMP_SPIN_COUNT` unless the user chose a spin count
-    or an ``OMP_WAIT_POLICY``. Takes effect only if torch is not imported yet."""
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 
 
 def _command_module(name: str) -> ModuleType:
@@ -86,7 +65,6 @@ def refuse_unknown_options(command: str, parser: argparse.ArgumentParser, unknow
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    limit_openmp_spinning()  # before the sub-commands import torch
     from ssog.logs import install_cli_handler
 
     install_cli_handler()

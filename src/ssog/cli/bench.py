@@ -85,15 +85,15 @@ def _summarise_interrupted(output: Path, planned: int) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ssog.bench.plots import FIGURES, plot_results
     from ssog.bench.report import comparison_table
-    from ssog.bench.results import CSV_NAME, JSON_NAME, BenchResults
+    from ssog.bench.results import CSV_NAME, FIGURES, JSON_NAME, BenchResults
     from ssog.bench.sweep import planned_points, run_model_sweep
     from ssog.files import clear_results, write_atomic
     from ssog.runtime import check_plotting
 
-    if not args.no_plots:
-        check_plotting()
+    if not args.no_plots or args.plot is not None:
+        check_plotting("ssog bench (without --no-plots)")
+        from ssog.bench.plots import plot_results
     if args.plot is not None:  # figures are derived from the results: redrawn in place
         results = BenchResults.load(args.plot)
         output = args.output or (args.plot if args.plot.is_dir() else args.plot.parent)

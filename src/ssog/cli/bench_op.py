@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         config.backends = [name for name in config.backends if name not in unavailable]
         for name, why in unavailable.items():
             print(f"note: not timing {name}: {why}")
-    check_plotting()
+    check_plotting("ssog bench-op")
     if "cpp" in config.backends and config.backward:
         print("note: cpp computes forward only: it is timed in the forward pass")
     clear_results(args.output, ["operator.json", "operator.md", "operator_speedup.png"], overwrite=args.overwrite,

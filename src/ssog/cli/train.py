@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a model (default: a small SSoG ViT on the embedded digits)",
         description="Train a model. Settings: defaults <- --config FILE (with --variant) <- options "
-                    "<- --set KEY=VALUE. With no options: a small SSoG ViT on scikit-learn's digits. timm's "
+                    "<- --set KEY=VALUE. With no options: a small SSoG ViT on the embedded digits. timm's "
                     "train.py flags set the same settings (docs/training.md, \"timm's flags\").",
     )
     parser.add_argument("--config", help="YAML recipe (see configs/)")

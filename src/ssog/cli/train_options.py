@@ -162,7 +162,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--seed",), "seed", "random seed", _RUN, "--seed"),
     Option(("--deterministic",), "deterministic", "deterministic algorithms (exactly reproducible on CPU)", _RUN),
     Option(("--device",), "device", "auto | cpu | cuda", _RUN),
-    Option(("--threads",), "threads", "intra-op threads of a CPU run (default 1)", _RUN),
+    Option(("--threads",), "threads", "intra-op threads of a CPU run (default: torch's choice)", _RUN),
     Option(("--channels-last",), "channels_last", "the model's 4-d weights in channels-last memory format", _RUN,
            "--channels-last"),
     Option(("--grad-checkpointing",), "model_kwargs.grad_checkpointing", "recompute each block in the backward pass "

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset, Subset
 
@@ -110,12 +109,47 @@ def stratified_split(
 
 
 def _stratified_indices(targets: Sequence[int], test_size: float | int, seed: int) -> tuple[list[int], list[int]]:
-    """scikit-learn's seeded stratified ``train_test_split`` of ``range(len(targets))``, as sorted
-    (kept, held out) index lists; ``test_size`` is a fraction or a count, already checked."""
-    kept, held_out = train_test_split(
-        np.arange(len(targets)), test_size=test_size, stratify=np.asarray(targets), random_state=seed, shuffle=True
-    )
-    return sorted(kept.tolist()), sorted(held_out.tolist())
+    """The seeded stratified split of ``range(len(targets))`` as sorted (kept, held out) index
+    lists; ``test_size`` is a fraction or a count, already checked.
+
+    The split is scikit-learn's ``train_test_split(..., stratify=targets, random_state=seed)``
+    (its ``StratifiedShuffleSplit``), drawn from the same ``numpy.random.RandomState`` stream in
+    the same order, so runs split as they did when scikit-learn drew them (tests/test_data.py
+    checks them against scikit-learn).
+    """
+    n = len(targets)
+    held_out = math.ceil(test_size * n) if isinstance(test_size, float) else int(test_size)
+    classes, class_of, class_counts = np.unique(np.asarray(targets), return_inverse=True, return_counts=True)
+    members = np.split(np.argsort(class_of, kind="stable"), np.cumsum(class_counts)[:-1])
+    rng = np.random.RandomState(seed)
+    kept_per_class = _approximate_mode(class_counts, n - held_out, rng)
+    held_per_class = _approximate_mode(class_counts - kept_per_class, held_out, rng)
+    kept: list[int] = []
+    held: list[int] = []
+    for index in range(len(classes)):
+        shuffled = members[index].take(rng.permutation(class_counts[index]), mode="clip")
+        kept.extend(shuffled[:kept_per_class[index]].tolist())
+        held.extend(shuffled[kept_per_class[index]:kept_per_class[index] + held_per_class[index]].tolist())
+    return sorted(kept), sorted(held)
+
+
+def _approximate_mode(class_counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """How many of ``draws`` samples each class gives: its share rounded down, the rest to the
+    classes with the largest remainders, ties broken by ``rng`` (scikit-learn's
+    ``_approximate_mode``)."""
+    continuous = class_counts / class_counts.sum() * draws
+    floored = np.floor(continuous)
+    need_to_add = int(draws - floored.sum())
+    if need_to_add > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (tied,) = np.where(remainder == value)
+            add_now = min(len(tied), need_to_add)
+            floored[rng.choice(tied, size=add_now, replace=False)] += 1
+            need_to_add -= add_now
+            if need_to_add == 0:
+                break
+    return floored.astype(int)
 
 
 def split_dataset(dataset: Dataset, targets: Sequence[int], val_split: float | int,

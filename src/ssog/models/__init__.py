@@ -11,13 +11,13 @@ Registered names: ``{op}_{family}_{preset}`` with op ``mha``/``ssog`` and preset
 """
 from ._blocks import OPS, Block, create_mixer
 from ._counting import count_flops, count_parameters, parameter_parts
-from ._registry import PRESETS, create_model, list_models
+from ._registry import create_model, list_models
 from .loopvit import LoopViT
 from .odevit import ADAPTIVE_SOLVERS, FIXED_SOLVERS, OdeViT, VectorField
 from .vit import ViT
 
 __all__ = [
-    "ADAPTIVE_SOLVERS", "Block", "FIXED_SOLVERS", "LoopViT", "OPS", "OdeViT", "PRESETS",
+    "ADAPTIVE_SOLVERS", "Block", "FIXED_SOLVERS", "LoopViT", "OPS", "OdeViT",
     "VectorField", "ViT", "count_flops", "count_parameters", "create_mixer", "create_model",
     "list_models", "parameter_parts",
 ]

@@ -10,7 +10,8 @@ A family only says how the tokens are mixed: :meth:`ViTBase.forward_tokens` and
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
 
 import torch
 from timm.layers import (
@@ -56,10 +57,14 @@ class ViTBase(nn.Module):
             ``None``: the operator's default (:data:`DEFAULT_LAYOUT`).
         drop_rate: dropout before the head. proj_drop_rate: dropout after mixer/MLP outputs.
         drop_path_rate: stochastic depth (the family documents how it is spread).
-        num_atoms, sigma_min, steer, steer_radius, steer_gate_init, backend, centre_init,
-            centre_radius, width_init: SSoG options,
-            forwarded to :class:`~ssog.layers.SSoGAttention` (``None`` = its default); an
-            error with ``op="mha"``.
+        mixer_kwargs: options of the token mixer (for ``op="ssog"`` those of
+            :class:`~ssog.layers.SSoGAttention`: ``num_atoms``, ``sigma_min``, ``steer``,
+            ``steer_radius``, ``steer_gate_init``, ``backend``, ``centre_init``,
+            ``centre_radius``, ``width_init``, ...; ``None`` = its default), every constructor
+            argument of the mixer but those the model sets (:data:`~ssog.models._blocks.MODEL_SET`).
+        **mixer_options: the same options as keywords (``steer=("mu",)``, what recipes'
+            ``model_kwargs`` and timm's ``create_model`` give), merged with ``mixer_kwargs``; an
+            option the mixer does not take is an error naming the mixer that does.
         kernel_units: ``"image"`` (SSoG default): the initial kernel lengths
             (``centre_radius``, the width ladder) and ``steer_radius`` are given for an 8x8
             token grid and scaled by this model's grid over 8 per axis, so every layer starts
@@ -79,10 +84,8 @@ class ViTBase(nn.Module):
     one-line ``ValueError`` naming it and its range.
     """
 
-    #: Family name used in registered model names, and the keyword of its number of
-    #: block applications (blocks / loop iterations / function evaluations).
+    #: Family name used in registered model names (``ssog info``'s ``family``).
     family: str = ""
-    depth_arg: str = ""
 
     def __init__(
         self,
@@ -100,20 +103,13 @@ class ViTBase(nn.Module):
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        num_atoms: int | None = None,
-        sigma_min: float | None = None,
-        steer: Sequence[str] | None = None,
-        steer_radius: float | None = None,
-        steer_gate_init: float | None = None,
-        backend: str | None = None,
-        centre_init: str | None = None,
-        centre_radius: float | None = None,
-        width_init: str | None = None,
+        mixer_kwargs: Mapping[str, Any] | None = None,
         kernel_units: str | None = None,
         dynamic_img_size: bool = True,
         weight_init: str = "",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **mixer_options: Any,
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
@@ -121,8 +117,7 @@ class ViTBase(nn.Module):
         # the kernel lengths (centre_radius, steer_radius) against the token grid, below.
         check_options(dict(
             in_chans=in_chans, num_classes=num_classes, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
-            proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate, num_atoms=num_atoms, sigma_min=sigma_min,
-            steer_gate_init=steer_gate_init,
+            proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
         ))
         check_heads(embed_dim, num_heads, "embed_dim")
         if weight_init not in WEIGHT_INITS:
@@ -130,17 +125,17 @@ class ViTBase(nn.Module):
         grid = token_grid(img_size, patch_size)
         global_pool, class_token = _pool_layout(op, global_pool, class_token)
         _check_pool(global_pool, class_token)
-        self.ssog_args = resolve_mixer_args(
-            op, num_atoms=num_atoms, sigma_min=sigma_min, steer=steer,
-            steer_radius=steer_radius, steer_gate_init=steer_gate_init, backend=backend,
-            centre_init=centre_init, centre_radius=centre_radius, width_init=width_init,
-        )
+        twice = sorted(set(mixer_kwargs or {}) & set(mixer_options))
+        if twice:
+            raise ValueError(f"mixer option(s) {twice} given both in mixer_kwargs and as keywords: give each once")
+        self.mixer_kwargs = resolve_mixer_args(op, {**(mixer_kwargs or {}), **mixer_options})
         if op != "ssog" and kernel_units is not None:
             raise ValueError(f"kernel_units only applies to op='ssog', not op={op!r}")
         self.kernel_units = (kernel_units or "image") if op == "ssog" else None
-        if self.ssog_args:
-            self.ssog_args["kernel_scale"] = kernel_scale_for_grid(grid, self.kernel_units)
-            check_kernel_reach(self.ssog_args, grid, self.ssog_args["kernel_scale"], self.kernel_units)
+        if op == "ssog":
+            self.mixer_kwargs["kernel_scale"] = kernel_scale_for_grid(grid, self.kernel_units)
+            check_kernel_reach(self.mixer_kwargs, grid, self.mixer_kwargs["kernel_scale"], self.kernel_units)
+        check_options(self.mixer_kwargs)  # the kernel lengths were held to the grid above
         self.op = op
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -178,7 +173,7 @@ class ViTBase(nn.Module):
         return dict(
             dim=self.embed_dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio, op=self.op,
             num_prefix_tokens=self.num_prefix_tokens, qkv_bias=self.qkv_bias,
-            proj_drop=self.proj_drop_rate, ssog_args=self.ssog_args, **get_device_dtype(self),
+            proj_drop=self.proj_drop_rate, mixer_kwargs=self.mixer_kwargs, **get_device_dtype(self),
         )
 
     def init_weights(self, mode: str | None = None) -> None:
@@ -218,10 +213,10 @@ class ViTBase(nn.Module):
             "drop_path_rate": self.drop_path_rate,
             "weight_init": self.weight_init,
             **self._family_config(),
-            **({"ssog": {k: list(v) if isinstance(v, tuple) else v for k, v in self.ssog_args.items()},
+            **({"ssog": {k: list(v) if isinstance(v, tuple) else v for k, v in self.mixer_kwargs.items()},
                 "kernel_units": self.kernel_units,
-                "initial_kernels": describe_initial_kernels(self.num_heads, self.ssog_args)}
-               if self.ssog_args else {}),
+                "initial_kernels": describe_initial_kernels(self.num_heads, self.mixer_kwargs)}
+               if self.op == "ssog" else {}),
         }
 
     def _family_config(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -12,36 +13,48 @@ from ..layers import MultiHeadAttention, SSoGAttention
 from ..layers.ssog_attention import STEERABLE
 from ..ops.checks import check_steer
 
-#: Token mixers a model can be built with.
-OPS: tuple[str, ...] = ("mha", "ssog")
-#: Keyword arguments of :class:`~ssog.layers.SSoGAttention` a model forwards to it.
-SSOG_OPTIONS: tuple[str, ...] = (
-    "num_atoms", "sigma_min", "steer", "steer_radius", "steer_gate_init", "backend",
-    "centre_init", "centre_radius", "width_init",
-)
+#: The token mixers a model can be built with, by ``op``.
+MIXERS: dict[str, type[nn.Module]] = {"mha": MultiHeadAttention, "ssog": SSoGAttention}
+OPS: tuple[str, ...] = tuple(MIXERS)
+#: Constructor arguments of a mixer that the model sets from its own (width, heads, prefix
+#: tokens, biases, dropout, token grid, device); every other one is a mixer option.
+MODEL_SET: frozenset[str] = frozenset({"dim", "num_heads", "num_prefix_tokens", "qkv_bias", "proj_drop",
+                                       "kernel_scale", "device", "dtype"})
 
 
-def resolve_mixer_args(op: str, **options: Any) -> dict[str, Any]:
-    """Validate ``op`` and the SSoG options; return the SSoG options in effect.
-
-    ``options`` maps names of :data:`SSOG_OPTIONS` to a value or ``None`` ("the layer's
-    default"). For ``op="ssog"`` the result holds every option with its effective value
-    (defaults read from ``SSoGAttention``'s signature, so they live in one place); for
-    ``op="mha"`` it is empty, and setting any SSoG option is an error rather than being
-    silently ignored.
-    """
-    if op not in OPS:
+def mixer_options(op: str) -> dict[str, inspect.Parameter]:
+    """The options of the mixer ``op`` a model forwards to it: its constructor's arguments but
+    those of :data:`MODEL_SET`, with their defaults (the mixer's signature is their one home)."""
+    if op not in MIXERS:
         raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
-    unknown = set(options) - set(SSOG_OPTIONS)
+    parameters = inspect.signature(MIXERS[op]).parameters
+    return {name: parameter for name, parameter in parameters.items() if name not in MODEL_SET}
+
+
+def resolve_mixer_args(op: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``options`` (``None`` values: the mixer's default) against the mixer ``op``; return
+    the options in effect.
+
+    For ``op="ssog"`` the result holds every option of :func:`mixer_options` with its effective
+    value (``steer`` as a tuple of names); for ``op="mha"`` the options given.
+
+    Raises:
+        ValueError: an option of another mixer, naming the ``op`` that takes it.
+        TypeError: an option no mixer takes, as Python's for an unexpected keyword (timm's
+            model contract: unknown constructor arguments raise ``TypeError``).
+    """
+    known = mixer_options(op)
+    given = {name: value for name, value in options.items() if value is not None}
+    unknown = sorted(set(given) - set(known))
     if unknown:
-        raise ValueError(f"unknown SSoG option(s) {sorted(unknown)}: expected {SSOG_OPTIONS}")
-    given = {k: v for k, v in options.items() if v is not None}
-    if op == "mha":
-        if given:
-            raise ValueError(f"SSoG option(s) {sorted(given)} only apply to op='ssog', not op='mha'")
-        return {}
-    defaults = inspect.signature(SSoGAttention).parameters
-    resolved = {name: given.get(name, defaults[name].default) for name in SSOG_OPTIONS}
+        owners = [other for other in OPS if other != op and set(unknown) <= set(mixer_options(other))]
+        if owners:
+            raise ValueError(f"option(s) {unknown} only apply to op={owners[0]!r}, not op={op!r}")
+        raise TypeError(f"unexpected option(s) {unknown}: neither a model argument nor an option of the {op!r} "
+                        f"mixer ({', '.join(sorted(known))})")
+    if op != "ssog":
+        return given
+    resolved = {name: given.get(name, parameter.default) for name, parameter in known.items()}
     resolved["steer"] = check_steer(resolved["steer"], STEERABLE)  # "mu" is one name, not the letters m, u
     return resolved
 
@@ -54,26 +67,21 @@ def create_mixer(
     num_prefix_tokens: int,
     qkv_bias: bool = True,
     proj_drop: float = 0.0,
-    ssog_args: dict[str, Any] | None = None,
+    mixer_kwargs: Mapping[str, Any] | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Build the token mixer ``op`` (see :func:`resolve_mixer_args` for ``ssog_args``) with
-    its parameters on ``device`` in ``dtype``.
+    """Build the token mixer ``op`` with its options ``mixer_kwargs`` (see
+    :func:`resolve_mixer_args`), its parameters on ``device`` in ``dtype``.
 
     Both mixers are called ``mixer(x, grid_size)`` with ``x (B, P + Hg*Wg, dim)``.
     """
-    if op == "mha":
-        return MultiHeadAttention(
-            dim, num_heads, qkv_bias=qkv_bias, proj_drop=proj_drop,
-            num_prefix_tokens=num_prefix_tokens, device=device, dtype=dtype,
-        )
-    if op == "ssog":
-        return SSoGAttention(
-            dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, device=device, dtype=dtype, **(ssog_args or {}),
-        )
-    raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
+    if op not in MIXERS:
+        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
+    return MIXERS[op](
+        dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias, proj_drop=proj_drop,
+        device=device, dtype=dtype, **(mixer_kwargs or {}),
+    )
 
 
 def create_mlp(
@@ -107,7 +115,7 @@ class Block(nn.Module):
         qkv_bias: bool = True,
         proj_drop: float = 0.0,
         drop_path: float = 0.0,
-        ssog_args: dict[str, Any] | None = None,
+        mixer_kwargs: Mapping[str, Any] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -116,7 +124,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
         self.attn = create_mixer(
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, ssog_args=ssog_args, **dd,
+            proj_drop=proj_drop, mixer_kwargs=mixer_kwargs, **dd,
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)

@@ -4,12 +4,13 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from torch import Tensor
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
 from ..layers.options import check_options
 from ._base import ViTBase
 from ._blocks import Block
-from ._registry import register_family
+from ._registry import CIFAR_CFG, DIGITS_CFG, build_registered, model_cfg
 
 __all__ = ["LoopViT"]
 
@@ -26,7 +27,6 @@ class LoopViT(ViTBase):
     """
 
     family = "loopvit"
-    depth_arg = "num_loops"
 
     def __init__(self, num_loops: int = 12, **kwargs: Any) -> None:
         check_options({"num_loops": num_loops})  # before the base builds anything
@@ -68,4 +68,102 @@ class LoopViT(ViTBase):
         return take
 
 
-register_family(__name__, LoopViT)
+# ------------------------------------------------------------------ registered models
+default_cfgs = generate_default_cfgs({
+    "mha_loopvit_small_patch16_224": model_cfg(),
+    "mha_loopvit_medium_patch16_224": model_cfg(),
+    "mha_loopvit_base_patch16_224": model_cfg(),
+    "mha_loopvit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "mha_loopvit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "mha_loopvit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+    "ssog_loopvit_small_patch16_224": model_cfg(),
+    "ssog_loopvit_medium_patch16_224": model_cfg(),
+    "ssog_loopvit_base_patch16_224": model_cfg(),
+    "ssog_loopvit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "ssog_loopvit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "ssog_loopvit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+})
+
+
+@register_model
+def mha_loopvit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with multi-head attention, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=384, num_heads=6, num_loops=12)
+    return build_registered(LoopViT, "mha_loopvit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_loopvit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with multi-head attention, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=576, num_heads=9, num_loops=12)
+    return build_registered(LoopViT, "mha_loopvit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_loopvit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with multi-head attention, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=768, num_heads=12, num_loops=12)
+    return build_registered(LoopViT, "mha_loopvit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_loopvit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with multi-head attention, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="mha", img_size=32, patch_size=4, embed_dim=128, num_heads=4, num_loops=6)
+    return build_registered(LoopViT, "mha_loopvit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_loopvit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with multi-head attention, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="mha", img_size=8, patch_size=1, embed_dim=64, num_heads=4, num_loops=4)
+    return build_registered(LoopViT, "mha_loopvit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_loopvit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with multi-head attention, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="mha", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", num_loops=4)
+    return build_registered(LoopViT, "mha_loopvit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_loopvit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with SSoG, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=384, num_heads=6, num_loops=12)
+    return build_registered(LoopViT, "ssog_loopvit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_loopvit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with SSoG, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=576, num_heads=9, num_loops=12)
+    return build_registered(LoopViT, "ssog_loopvit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_loopvit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with SSoG, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=768, num_heads=12, num_loops=12)
+    return build_registered(LoopViT, "ssog_loopvit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_loopvit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with SSoG, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="ssog", img_size=32, patch_size=4, embed_dim=128, num_heads=4, num_loops=6)
+    return build_registered(LoopViT, "ssog_loopvit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_loopvit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with SSoG, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="ssog", img_size=8, patch_size=1, embed_dim=64, num_heads=4, num_loops=4)
+    return build_registered(LoopViT, "ssog_loopvit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_loopvit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> LoopViT:
+    """LoopViT with SSoG, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="ssog", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", num_loops=4)
+    return build_registered(LoopViT, "ssog_loopvit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))

@@ -6,9 +6,7 @@ The tokens after the embedding are the initial state ``x(0)``; the model integra
 
 Calling the vector field outside the model (e.g. to estimate its Lipschitz constant)::
 
-    field = model.field
-    field.grid_size = (14, 14)          # the token grid of x (set by every model forward)
-    dx = field(torch.tensor(0.5), x)    # x (B, P + 14*14, D) -> (B, P + 14*14, D)
+    dx = model.field(torch.tensor(0.5), x, (14, 14))  # x (B, P + 14*14, D) on a 14x14 grid -> same shape
 
 ``model.nfe`` is the number of vector-field evaluations of the last forward pass
 (``field.nfe`` keeps counting across calls, backward passes of the adjoint included).
@@ -16,28 +14,27 @@ Calling the vector field outside the model (e.g. to estimate its Lipschitz const
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
 from timm.layers import DropPath
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torchdiffeq import odeint, odeint_adjoint
-from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from ..layers import CenterNorm
 from ..layers.options import check_options
 from ._base import ViTBase
 from ._blocks import create_mixer, create_mlp
-from ._registry import register_family
+from ._fixed_steps import FIXED_SOLVERS, Field, fixed_step
+from ._registry import CIFAR_CFG, DIGITS_CFG, build_registered, model_cfg
 
 __all__ = [
     "ADAPTIVE_SOLVERS", "FIELD_NORMS", "FIXED_SOLVERS", "NoFixedSteps", "OdeViT", "timestep_embedding",
     "VectorField",
 ]
 
-#: Fixed-step torchdiffeq solvers and their vector-field evaluations per step.
-FIXED_SOLVERS: dict[str, int] = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
 #: Adaptive torchdiffeq solvers (step size from ``rtol``/``atol``).
 ADAPTIVE_SOLVERS: tuple[str, ...] = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 #: Parameter-free norms of the vector field.
@@ -86,8 +83,8 @@ class VectorField(nn.Module):
     :class:`~ssog.layers.CenterNorm` (``norm="center"``, linear, so with fixed SSoG the
     field is globally Lipschitz in ``x``) or LayerNorm without affine (``"layernorm"``).
 
-    Call ``field(t, x)`` with a scalar tensor ``t`` and tokens ``x (B, P + Hg*Wg, D)``
-    after setting ``field.grid_size = (Hg, Wg)``; ``field.nfe`` counts the calls.
+    Call ``field(t, x, (Hg, Wg))`` with a scalar tensor ``t`` and tokens ``x (B, P + Hg*Wg, D)``
+    on a token grid of ``Hg x Wg``; ``field.nfe`` counts the calls.
     """
 
     def __init__(
@@ -101,7 +98,7 @@ class VectorField(nn.Module):
         qkv_bias: bool = True,
         proj_drop: float = 0.0,
         drop_path: float = 0.0,
-        ssog_args: dict[str, Any] | None = None,
+        mixer_kwargs: dict[str, Any] | None = None,
         norm: str = "center",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -114,12 +111,11 @@ class VectorField(nn.Module):
         self.norm = CenterNorm(dim) if norm == "center" else nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False, **dd)
         self.attn = create_mixer(
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,
-            proj_drop=proj_drop, ssog_args=ssog_args, **dd,
+            proj_drop=proj_drop, mixer_kwargs=mixer_kwargs, **dd,
         )
         self.mlp = create_mlp(dim, mlp_ratio, proj_drop=proj_drop, **dd)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, **dd))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.grid_size: tuple[int, int] | None = None
         self.nfe = 0
 
     def zero_modulation(self) -> None:
@@ -127,16 +123,15 @@ class VectorField(nn.Module):
         nn.init.zeros_(self.adaLN_modulation[1].weight)
         nn.init.zeros_(self.adaLN_modulation[1].bias)
 
-    def forward(self, t: Tensor, x: Tensor) -> Tensor:
-        """``t`` scalar tensor, ``x (B, P + Hg*Wg, D)`` -> ``dx/dt`` of the same shape."""
-        if self.grid_size is None:
-            raise ValueError("set field.grid_size = (Hg, Wg) before calling the vector field")
+    def forward(self, t: Tensor, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """``t`` scalar tensor, ``x (B, P + Hg*Wg, D)`` on the grid ``grid_size = (Hg, Wg)`` ->
+        ``dx/dt`` of the same shape."""
         self.nfe += 1
         # (1, D) rather than (D,): a 2-D input makes the modulation a matmul FLOP counters see.
         c = timestep_embedding(t, self.dim).to(x.dtype).unsqueeze(0)
         s_a, b_a, g_a, s_m, b_m, g_m = self.adaLN_modulation(c).chunk(6, dim=-1)
         h = self.norm(x)
-        attn = g_a * self.attn(h * (1 + s_a) + b_a, self.grid_size)
+        attn = g_a * self.attn(h * (1 + s_a) + b_a, grid_size)
         mlp = g_m * self.mlp(h * (1 + s_m) + b_m)
         return self.drop_path(attn) + self.drop_path(mlp)
 
@@ -168,9 +163,6 @@ class OdeViT(ViTBase):
     """
 
     family = "odevit"
-    depth_arg = "nfe"
-    #: The presets' evaluations are a default an adaptive solver replaces (:mod:`._registry`).
-    preset_depth_arg = "default_nfe"
 
     def __init__(
         self,
@@ -241,10 +233,6 @@ class OdeViT(ViTBase):
                 f"({', '.join(FIXED_SOLVERS)}) or an adaptive one ({', '.join(ADAPTIVE_SOLVERS)})"
             )
         self.solver, self.steps = solver, steps
-        # torchdiffeq's fixed-grid solver object, for its step function (_fixed_steps).
-        self._stepper = (
-            _TORCHDIFFEQ_SOLVERS[solver](func=None, y0=torch.empty(0), atol=0.0) if steps else None
-        )
         self.rtol = self.rtol if rtol is None else rtol
         self.atol = self.atol if atol is None else atol
         self.adjoint = self.adjoint if adjoint is None else adjoint
@@ -276,17 +264,16 @@ class OdeViT(ViTBase):
         return max(1, round(abs(float(t[-1] - t[0])) * self.steps))
 
     def integrate(self, x: Tensor, grid_size: tuple[int, int], num_steps: int | None = None) -> list[Tensor]:
-        """Flow the tokens ``x (B, P + N, D)`` from ``t = 0`` and record the evaluations in
-        :attr:`nfe`.
+        """Flow the tokens ``x (B, P + N, D)`` on the token grid ``grid_size = (Hg, Wg)`` from
+        ``t = 0`` and record the evaluations in :attr:`nfe`.
 
         A fixed-step solver returns the state after each of the first ``num_steps`` steps
         (default: every step up to :attr:`end_time`); an adaptive one returns ``[x(end_time)]``.
-        Fixed steps without the adjoint run as a loop over torchdiffeq's own step function,
-        which has no data-dependent branch, so ``torch.compile(fullgraph=True)`` and
-        ``torch.export`` trace it, and it runs on the meta device (FLOP counting);
-        ``odeint``'s bookkeeping compares time values and cannot be traced.
+        Fixed steps without the adjoint run as a loop of :func:`~ssog.models._fixed_steps.fixed_step`
+        (torchdiffeq's arithmetic, with no data-dependent branch, so ``torch.compile(fullgraph=True)``
+        and ``torch.export`` record it, and it runs on the meta device for FLOP counting);
+        adaptive solvers and the adjoint call ``torchdiffeq.odeint`` / ``odeint_adjoint``.
         """
-        self.field.grid_size = grid_size
         start = self.field.nfe
         if self.steps is None:
             if x.device.type == "meta":
@@ -300,47 +287,46 @@ class OdeViT(ViTBase):
                     "steps depend on the data; configure a fixed-step solver first "
                     "(model.configure_solver('rk4', nfe=12)), or use torch.compile, which runs it eagerly"
                 )
-            states = [self._odeint(x, torch.tensor([0.0, self.end_time]))[-1]]
+            states = [self._odeint(x, grid_size, torch.tensor([0.0, self.end_time]))[-1]]
         else:
             num_steps = self.num_intermediates if num_steps is None else num_steps
             # The adjoint is a way to compute gradients: a recorded graph holds the steps themselves.
             if self.adjoint and x.device.type != "meta" and not _recording_graph():
-                states = list(self._odeint(x, torch.arange(num_steps + 1) / self.steps)[1:])
+                states = list(self._odeint(x, grid_size, torch.arange(num_steps + 1) / self.steps)[1:])
             else:
-                states = self._fixed_steps(x, num_steps)
+                states = self._fixed_steps(x, grid_size, num_steps)
         self.nfe = self.field.nfe - start
         return states
 
-    def _field_function(self) -> Callable[[Tensor, Tensor], Tensor]:
-        """The field as the solvers call it: one activation checkpoint per evaluation when
-        grad checkpointing is on (:meth:`~ssog.models._base.ViTBase.set_grad_checkpointing`)."""
-        return lambda t, x, **_: self._maybe_checkpoint(self.field, t, x)
+    def _field_function(self, grid_size: tuple[int, int]) -> Field:
+        """The field on the token grid ``grid_size`` as the solvers call it, ``f(t, x)``: one
+        activation checkpoint per evaluation when grad checkpointing is on
+        (:meth:`~ssog.models._base.ViTBase.set_grad_checkpointing`)."""
+        return lambda t, x: self._maybe_checkpoint(self.field, t, x, grid_size)
 
-    def _fixed_steps(self, x: Tensor, num_steps: int) -> list[Tensor]:
-        """States after each of ``num_steps`` steps of ``1/steps`` from ``t = 0``, stepped by
-        torchdiffeq's step function of the solver (``odeint``'s arithmetic exactly)."""
+    def _fixed_steps(self, x: Tensor, grid_size: tuple[int, int], num_steps: int) -> list[Tensor]:
+        """States after each of ``num_steps`` steps of ``1/steps`` from ``t = 0``."""
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         grid = torch.arange(num_steps + 1, dtype=dtype, device=x.device) / self.steps
-        field, states = self._field_function(), []
+        field, states = self._field_function(grid_size), []
         for k in range(num_steps):
-            t0, t1 = grid[k], grid[k + 1]
-            dx, _ = self._stepper._step_func(field, t0, t1 - t0, t1, x)
-            x = x + dx
+            x = fixed_step(self.solver, field, grid[k], grid[k + 1], x)
             states.append(x)
         return states
 
-    def _odeint(self, x: Tensor, t: Tensor) -> Tensor:
+    def _odeint(self, x: Tensor, grid_size: tuple[int, int], t: Tensor) -> Tensor:
         """torchdiffeq's ``odeint`` (or ``odeint_adjoint``): the states at the times ``t``."""
         t = t.to(device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
         options = {"grid_constructor": self._time_grid} if self.steps else None
-        if self.adjoint:  # constant memory already: no checkpoints; the adjoint needs the module
+        if self.adjoint:
+            # Constant memory already: no checkpoints. The gradients of the field's parameters
+            # come from the backward solve.
             return odeint_adjoint(
-                self.field, x, t, method=self.solver, rtol=self.rtol, atol=self.atol, options=options,
+                lambda time, state: self.field(time, state, grid_size), x, t, method=self.solver,
+                rtol=self.rtol, atol=self.atol, options=options, adjoint_params=tuple(self.field.parameters()),
             )
-        return odeint(
-            self._field_function(), x, t, method=self.solver, rtol=self.rtol, atol=self.atol,
-            options=options,
-        )
+        return odeint(self._field_function(grid_size), x, t, method=self.solver, rtol=self.rtol, atol=self.atol,
+                      options=options)
 
     def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         return self.integrate(x, grid_size)[-1]
@@ -372,4 +358,102 @@ class OdeViT(ViTBase):
         return "field"
 
 
-register_family(__name__, OdeViT)
+# ------------------------------------------------------------------ registered models
+default_cfgs = generate_default_cfgs({
+    "mha_odevit_small_patch16_224": model_cfg(),
+    "mha_odevit_medium_patch16_224": model_cfg(),
+    "mha_odevit_base_patch16_224": model_cfg(),
+    "mha_odevit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "mha_odevit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "mha_odevit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+    "ssog_odevit_small_patch16_224": model_cfg(),
+    "ssog_odevit_medium_patch16_224": model_cfg(),
+    "ssog_odevit_base_patch16_224": model_cfg(),
+    "ssog_odevit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "ssog_odevit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "ssog_odevit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+})
+
+
+@register_model
+def mha_odevit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=384, num_heads=6, default_nfe=12)
+    return build_registered(OdeViT, "mha_odevit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=576, num_heads=9, default_nfe=12)
+    return build_registered(OdeViT, "mha_odevit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=768, num_heads=12, default_nfe=12)
+    return build_registered(OdeViT, "mha_odevit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="mha", img_size=32, patch_size=4, embed_dim=128, num_heads=4, default_nfe=6)
+    return build_registered(OdeViT, "mha_odevit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="mha", img_size=8, patch_size=1, embed_dim=64, num_heads=4, default_nfe=4)
+    return build_registered(OdeViT, "mha_odevit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_odevit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with multi-head attention, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="mha", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", default_nfe=4)
+    return build_registered(OdeViT, "mha_odevit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=384, num_heads=6, default_nfe=12)
+    return build_registered(OdeViT, "ssog_odevit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=576, num_heads=9, default_nfe=12)
+    return build_registered(OdeViT, "ssog_odevit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=768, num_heads=12, default_nfe=12)
+    return build_registered(OdeViT, "ssog_odevit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="ssog", img_size=32, patch_size=4, embed_dim=128, num_heads=4, default_nfe=6)
+    return build_registered(OdeViT, "ssog_odevit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="ssog", img_size=8, patch_size=1, embed_dim=64, num_heads=4, default_nfe=4)
+    return build_registered(OdeViT, "ssog_odevit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_odevit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> OdeViT:
+    """OdeViT with SSoG, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="ssog", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", default_nfe=4)
+    return build_registered(OdeViT, "ssog_odevit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))

@@ -5,13 +5,14 @@ import logging
 from typing import Any, Iterator
 
 from torch import Tensor, nn
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
 from ..layers.options import check_options
 from ..layers import CLASS_TOKEN_POOLING
 from ._base import ViTBase
 from ._blocks import Block
-from ._registry import register_family
+from ._registry import CIFAR_CFG, DIGITS_CFG, build_registered, model_cfg
 
 __all__ = ["ViT"]
 
@@ -31,7 +32,6 @@ class ViT(ViTBase):
     """
 
     family = "vit"
-    depth_arg = "depth"
 
     def __init__(self, depth: int = 12, **kwargs: Any) -> None:
         check_options({"depth": depth})  # before the base builds anything
@@ -87,4 +87,102 @@ def _linear_rates(rate: float, depth: int) -> list[float]:
     return [rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
-register_family(__name__, ViT)
+# ------------------------------------------------------------------ registered models
+default_cfgs = generate_default_cfgs({
+    "mha_vit_small_patch16_224": model_cfg(),
+    "mha_vit_medium_patch16_224": model_cfg(),
+    "mha_vit_base_patch16_224": model_cfg(),
+    "mha_vit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "mha_vit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "mha_vit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+    "ssog_vit_small_patch16_224": model_cfg(),
+    "ssog_vit_medium_patch16_224": model_cfg(),
+    "ssog_vit_base_patch16_224": model_cfg(),
+    "ssog_vit_tiny_patch4_32": model_cfg(**CIFAR_CFG),
+    "ssog_vit_micro_patch1_8": model_cfg(**DIGITS_CFG),
+    "ssog_vit_digits_patch2_8": model_cfg(**DIGITS_CFG),
+})
+
+
+@register_model
+def mha_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with multi-head attention, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=384, num_heads=6, depth=12)
+    return build_registered(ViT, "mha_vit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_vit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with multi-head attention, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=576, num_heads=9, depth=12)
+    return build_registered(ViT, "mha_vit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with multi-head attention, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="mha", embed_dim=768, num_heads=12, depth=12)
+    return build_registered(ViT, "mha_vit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with multi-head attention, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="mha", img_size=32, patch_size=4, embed_dim=128, num_heads=4, depth=6)
+    return build_registered(ViT, "mha_vit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_vit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with multi-head attention, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="mha", img_size=8, patch_size=1, embed_dim=64, num_heads=4, depth=4)
+    return build_registered(ViT, "mha_vit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mha_vit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with multi-head attention, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="mha", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", depth=4)
+    return build_registered(ViT, "mha_vit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with SSoG, the paper's small width (ViT-S/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=384, num_heads=6, depth=12)
+    return build_registered(ViT, "ssog_vit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_vit_medium_patch16_224(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with SSoG, the paper's medium width (patch 16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=576, num_heads=9, depth=12)
+    return build_registered(ViT, "ssog_vit_medium_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with SSoG, the paper's base width (ViT-B/16, 224 px)."""
+    model_args = dict(op="ssog", embed_dim=768, num_heads=12, depth=12)
+    return build_registered(ViT, "ssog_vit_base_patch16_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_vit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with SSoG, CPU size: 32 px CIFAR images, 8x8 tokens."""
+    model_args = dict(op="ssog", img_size=32, patch_size=4, embed_dim=128, num_heads=4, depth=6)
+    return build_registered(ViT, "ssog_vit_tiny_patch4_32", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_vit_micro_patch1_8(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with SSoG, CPU size: 8x8 single-channel digits, one token per pixel."""
+    model_args = dict(op="ssog", img_size=8, patch_size=1, embed_dim=64, num_heads=4, depth=4)
+    return build_registered(ViT, "ssog_vit_micro_patch1_8", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ssog_vit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> ViT:
+    """ViT with SSoG, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
+    model_args = dict(op="ssog", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", depth=4)
+    return build_registered(ViT, "ssog_vit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from ssog.data.custom import CUSTOM_DATASET
-from ssog.runtime import check_plotting, is_out_of_memory, torch_settings
+from ssog.runtime import PLOT_EXTRA, check_plotting, is_out_of_memory, torch_settings
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint
 from ssog.train.config import TrainConfig, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, init_distributed
@@ -118,7 +118,8 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
         cfg.data_dir = str(Path(cfg.data_dir).expanduser().resolve())
     datasets = given_datasets(cfg, train_dataset, val_dataset, resuming=state is not None)
     logging_backends(cfg.tensorboard, cfg.wandb_project)  # a missing package is a setting error
-    check_plotting()
+    if not check_plotting():
+        notes.append(f"curves.png is not drawn: matplotlib is not installed ({PLOT_EXTRA})")
     ctx = init_distributed(cfg.device)
     lock = None
     try:

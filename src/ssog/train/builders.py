@@ -340,9 +340,9 @@ def _enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
 
 def takes_img_size(name: str) -> bool:
     """Whether timm's model ``name`` takes ``img_size``: its class's constructor has that
-    argument. The class is the return annotation of timm's entrypoint for ``name``; an
-    entrypoint that names no class of its own (ssog's, annotated ``nn.Module``: all take it)
-    is given ``img_size``."""
+    argument, itself or, through ``**kwargs``, a base class's (as the ssog families pass theirs
+    to ``ViTBase``). The class is the return annotation of timm's entrypoint for ``name``; an
+    entrypoint that names no class of its own (annotated ``nn.Module``) is given ``img_size``."""
     entrypoint = model_entrypoint(name)
     try:
         cls = typing.get_type_hints(entrypoint).get("return")
@@ -350,7 +350,15 @@ def takes_img_size(name: str) -> bool:
         cls = None
     if not isinstance(cls, type) or cls is torch.nn.Module:
         return True
-    return "img_size" in inspect.signature(cls.__init__).parameters
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters
+        if "img_size" in parameters:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return False
+    return False
 
 
 def _converted_timm_model(cfg: TrainConfig, name: str, kwargs: dict[str, Any], num_classes: int, in_chans: int,

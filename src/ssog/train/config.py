@@ -45,7 +45,7 @@ TIMM_INIT_PREFIX = "timm:"
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 # Data sources generated in memory, which ignore data_dir.
 BUILT_IN_DATA = ("digits", "synthetic")
-# Seeds are 32-bit: numpy's legacy seeding and scikit-learn's splits take them modulo 2**32.
+# Seeds are 32-bit: numpy's legacy seeding (and so the stratified splits) takes them modulo 2**32.
 _SEED_LIMIT = 2**32
 
 
@@ -151,11 +151,9 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     device: str = "auto"  # auto | cpu | cuda
-    # Intra-op threads of a CPU run (null: torch's default, one per core). One by default:
-    # the small models trained on CPUs gain little from more (4-8% for the digits run on two
-    # quiet cores), and beside one busy process two threads made it 1.8-2x slower (15x before
-    # the command line capped OpenMP's spinning; docs/results/digits_default.md).
-    threads: int | None = 1
+    # Intra-op threads of a CPU run (null: torch's own choice, one per core); a recipe for a
+    # shared machine may set 1 (docs/training.md, "threads").
+    threads: int | None = None
     output: str | None = None  # None: runs/<timestamp>-<random hex>
     # replace the files of an earlier run in `output` (never other files); results unchanged
     overwrite: bool = False

@@ -477,5 +477,6 @@ def _format_summary(summary: dict[str, Any], output: Path) -> str:
     ]
     if "ema_acc1" in summary:
         lines.append(f"  EMA    Acc@1 {summary['ema_acc1']:.2f}  Acc@5 {summary['ema_acc5']:.2f}")
-    lines.append(f"  files  {output}/summary.json, log.jsonl, log.csv, curves.png, last/best.safetensors")
+    curves = " curves.png," if (output / "curves.png").is_file() else ""
+    lines.append(f"  files  {output}/summary.json, log.jsonl, log.csv,{curves} last/best.safetensors")
     return "\n".join(lines)

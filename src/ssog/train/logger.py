@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ssog.files import save_figure, write_atomic
+from ssog.runtime import check_plotting
 
 __all__ = ["RunLogger", "logging_backends", "plot_curves", "curves_figure", "wandb_run_id"]
 
@@ -113,6 +114,7 @@ class RunLogger:
                  wandb_project: str | None = None, resumed_at: int | None = None):
         self.output = output
         self.plotted = -float("inf")
+        self.draw_curves = check_plotting()  # without matplotlib (the plot extra) the run has no curves.png
         self.tb = self.wandb = None
         summary_writer, wandb = logging_backends(tensorboard, wandb_project)
         if summary_writer is not None:
@@ -144,7 +146,7 @@ class RunLogger:
         writer.writeheader()
         writer.writerows(rows)
         write_atomic(self.output / "log.csv", buffer.getvalue())
-        if final or time.monotonic() - self.plotted >= PLOT_INTERVAL_S:
+        if self.draw_curves and (final or time.monotonic() - self.plotted >= PLOT_INTERVAL_S):
             plot_curves(history, self.output / "curves.png")
             self.plotted = time.monotonic()
         record = rows[-1]
