@@ -14,13 +14,13 @@ from ssog.data.custom import CUSTOM_DATASET
 from ssog.runtime import check_plotting, is_out_of_memory, torch_settings
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint
 from ssog.train.config import TrainConfig, upgrade_checkpoint_config
-from ssog.train.distributed import DistContext, init_distributed
+from ssog.train.distributed import DistContext, barrier, init_distributed
 from ssog.train.engine import Trainer
 from ssog.train.environment import record_environment
 from ssog.train.logger import logging_backends
 from ssog.train.run_folder import check_output, check_resumable, claim_run_folder, default_output
 from ssog.train.state import RESUME_CHANGES, RESUME_SETTINGS
-from ssog.train.stopping import TrainingOutOfMemory
+from ssog.train.stopping import TrainingInterrupted, TrainingOutOfMemory, signals_stop_at_step_boundary
 
 __all__ = ["train", "apply_resume_changes", "given_datasets", "output_dir"]
 
@@ -93,8 +93,9 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
     for DDP.
 
     Every setting is checked, and the data and model built, before the run folder is created.
-    Raises :class:`TrainingInterrupted` after SIGINT/SIGTERM and :class:`TrainingDiverged` on a
-    non-finite loss or weights, both with ``last.safetensors`` saved or kept.
+    Raises :class:`TrainingInterrupted` after a stop signal (SIGINT, SIGTERM, SIGUSR1) and
+    :class:`TrainingDiverged` on a non-finite loss or weights, both with ``last.safetensors``
+    saved or kept.
     """
     if resume is not None and cfg is not None:
         raise ValueError("--resume continues a run with its saved configuration: give no other config")
@@ -132,15 +133,26 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
                                "frozen backbone; give --init-from CKPT to probe a trained one")
         with torch_settings(ctx.device, cfg.threads, cfg.deterministic):
             trainer = _build_trainer(cfg, ctx, output, state, datasets)
-            if ctx.is_main:
-                lock = claim_run_folder(output, cfg.to_dict(), resuming=state is not None, overwrite=cfg.overwrite)
-                record_environment(output, resumed=state is not None)
-                # said once the folder is this run's: a resume refused by another's lock resumed nothing
-                if state is not None:
-                    notes.append(f"resumed at epoch {trainer.progress.epoch + 1}, step {trainer.global_step}")
-                for note in ([lock.note] if lock.note else []) + notes:
-                    logger.info(note)
-            return trainer.run()
+            # From the claim to the folder's release: a stop signal ends the run at a step
+            # boundary, and its repeats (torchrun forwarding it) cannot cut the release short.
+            with signals_stop_at_step_boundary(trainer.stop):
+                try:
+                    if ctx.is_main:
+                        lock = claim_run_folder(output, cfg.to_dict(), resuming=state is not None,
+                                                overwrite=cfg.overwrite)
+                        record_environment(output, resumed=state is not None)
+                        # said once the folder is this run's: a resume refused by another's lock resumed nothing
+                        if state is not None:
+                            notes.append(f"resumed at epoch {trainer.progress.epoch + 1}, step {trainer.global_step}")
+                        for note in ([lock.note] if lock.note else []) + notes:
+                            logger.info(note)
+                    return trainer.run()
+                except TrainingInterrupted:
+                    if lock is not None:
+                        lock.release()
+                        lock = None
+                    barrier(ctx)  # no process ends (and has torchrun stop the others) before the release
+                    raise
     finally:
         if lock is not None:
             lock.release()
