@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="name the run folder OUTPUT/NAME (default OUTPUT: runs), as timm's --experiment")
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the run in DIR from its last checkpoint; only --no-progress, --threads, "
-                             "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change")
+                             "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change. "
+                             "--resume auto: resume the run in --output if it saved a checkpoint (with the same "
+                             "settings), else start it: one command for a job's start and its requeues")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config field, e.g. --set model_kwargs.depth=6 (repeatable)")
     add_options(parser)
@@ -59,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run is not None or args.dry_run_report:
         return _dry_run(args, overrides, fallbacks)
     try:
-        if args.resume:
+        if args.resume == "auto":
+            train(fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks), resume="auto")
+        elif args.resume:
             if args.config or args.variant:
                 raise ValueError("--resume DIR continues a run with its saved configuration; give no --config")
             train(resume=args.resume, resume_changes=dict(overrides + fallbacks))
