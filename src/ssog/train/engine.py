@@ -216,10 +216,15 @@ class Trainer:
         raise TrainingInterrupted(interrupted_message(self.output, self.saved_at, position), signum)
 
     def _best_state(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``best.safetensors``: its model weights are the ones that earned "best", the EMA's
+        when the EMA's Acc@1 chose it (``"weights": "ema"``), so that any reader of the model
+        weights (timm's ``create_model(checkpoint_path=...)``, ``ssog eval``, ``--init-from``)
+        gets them, as timm's ``load_checkpoint`` prefers a checkpoint's EMA."""
+        weights = self.ema.module if self.ema is not None else self.model
         return {
             "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
-            "data_config": self.data.data_config, MODEL_KEY: self.model.state_dict(),
-            "ema": self.ema.module.state_dict() if self.ema else None,
+            "data_config": self.data.data_config, MODEL_KEY: weights.state_dict(),
+            "weights": "ema" if self.ema is not None else "model",
             "progress": {"epoch": self.progress.epoch, "global_step": self.global_step}, "metrics": metrics,
         }
 

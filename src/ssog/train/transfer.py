@@ -45,16 +45,18 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
     """``(state_dict, training config or None)`` from an ssog checkpoint or a plain weight file.
 
     Plain files (safetensors, or torch files holding a state dict) go through timm's loader.
-    ``ema=True`` takes an ssog checkpoint's EMA weights.
+    ``ema=True`` takes an ssog checkpoint's EMA weights (a ``best.safetensors`` chosen by the
+    EMA holds them as its model weights).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
     if _is_ssog_checkpoint(path):
-        state = load_checkpoint(path, only=(MODEL_KEY, "ema", "config"))
-        if ema and state.get("ema") is None:
+        state = load_checkpoint(path, only=(MODEL_KEY, "ema", "config", "weights"))
+        ema_weights = state[MODEL_KEY] if state.get("weights") == "ema" else state.get("ema")
+        if ema and ema_weights is None:
             raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
-        weights, config = state["ema" if ema else MODEL_KEY], state.get("config")
+        weights, config = ema_weights if ema else state[MODEL_KEY], state.get("config")
     elif ema:
         raise ValueError(f"{path} is a plain weight file: it has no separate EMA weights")
     else:
