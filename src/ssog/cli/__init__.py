@@ -92,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_cli_handler()
     parser, commands = build_parsers()
     args, unknown = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a command may repeat it (a launch line)
     if unknown:
         refuse_unknown_options(args.command, commands[args.command], unknown)
     try:
