@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,10 +21,16 @@ def test_version_comes_from_the_installed_metadata(capsys):
     installed = METADATA["Version"]
     assert re.search(rf'^version = "{re.escape(installed)}"$', (ROOT / "pyproject.toml").read_text(), flags=re.M)
     assert ssog.__version__ == installed
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--version"])
-    assert exit_info.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"ssog {installed}"
+
+
+def test_version_answers_without_importing_torch():
+    probe = ("import sys; from ssog.cli import main; main(['--version']); "
+             "print(sorted(name for name in ('torch', 'timm') if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"ssog {importlib.metadata.version('ssog')}", "[]"]
 
 
 def test_license_file_is_the_mit_license_pyproject_declares():

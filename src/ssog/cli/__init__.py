@@ -86,6 +86,10 @@ def refuse_unknown_options(command: str, parser: argparse.ArgumentParser, unknow
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:
+        # answered before the commands' parsers are built: they import torch, seconds for one line
+        print(f"ssog {__version__}")
+        return 0
     limit_openmp_spinning()  # before the sub-commands import torch
     from ssog.logs import install_cli_handler
 
