@@ -135,10 +135,14 @@ def leave_stop_signals_to_parent(worker_id: int = 0) -> None:
 
 def _take_stop_signals(parent: int) -> None:
     """Wait for :data:`~ssog.runtime.STOP_SIGNALS` (blocked in every other thread of the
-    worker); one sent by ``parent`` is raised again in this thread, unblocked, to act as it would."""
+    worker). The parent's SIGTERM (a loader's or multiprocessing's shutdown) ends the worker
+    quietly, as torch's own handler for its workers does; another signal of the parent is
+    raised again in this thread, unblocked, to act as it would."""
     while True:
         info = signal.sigwaitinfo(STOP_SIGNALS)
         if info.si_pid == parent:
+            if info.si_signo == signal.SIGTERM:
+                os._exit(0)  # a worker killed by a signal would make the parent's loader complain
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [info.si_signo])
             signal.pthread_kill(threading.get_ident(), info.si_signo)
             return
