@@ -145,6 +145,11 @@ class SsogCli:
         """``with ssog_cli.popen(...) as process:``, a :func:`child_process`."""
         return child_process(self.command(*args), cwd=REPO, env=self.env(), text=True, **kwargs)
 
+    def popen_python(self, *args: str, **kwargs: Any) -> AbstractContextManager[subprocess.Popen]:
+        """``with ssog_cli.popen_python(script, ...) as process:``: this Python, with the
+        checkout's ``ssog``, as a :func:`child_process`."""
+        return child_process([sys.executable, *args], cwd=REPO, env=self.env(), text=True, **kwargs)
+
 
 @pytest.fixture(scope="session")
 def ssog_cli() -> SsogCli:

@@ -14,7 +14,7 @@ from ssog.analysis import (
     AnalysisModel, field_branches, field_lipschitz_bound, high_norm_counts, image_batches, kernel_maps,
     kernel_statistics, lipschitz_analysis, load_model, local_lipschitz, mixer_lipschitz_bound, most_attended_keys,
     prefix_mass, residual_rollout, run_field, run_kernels, run_lipschitz, run_sinks, same_key_percent, sink_diagnostics,
-    sink_scores, token_rms,
+    kernels_table, sink_scores, sinks_table, token_rms,
 )
 from ssog.cli import main
 from ssog.layers import SSoGAttention
@@ -256,6 +256,19 @@ def test_runs_write_json_and_plots(tmp_path):
         assert json.loads((tmp_path / name).read_text())
     for figure in (tmp_path / "lipschitz.png", tmp_path / kernels[0]["figure"], tmp_path / "field.png"):
         assert figure.read_bytes()[:4] == b"\x89PNG"
+    # the sinks and kernels tables, ready for a paper: CSV and Markdown, the terminal table's rows
+    import csv
+
+    for name, table, rows in (("sinks", sinks_table(sinks), 1), ("kernels", kernels_table(kernels), 2)):
+        parsed = list(csv.reader((tmp_path / f"{name}.csv").read_text().splitlines()))
+        markdown = (tmp_path / f"{name}.md").read_text().splitlines()
+        assert len(parsed) == len(markdown) - 1 == 1 + rows, (parsed, markdown)
+        assert markdown[1] == "| " + " | ".join(["---"] * len(parsed[0])) + " |"
+        for cells, line in zip(parsed[1:], markdown[2:]):
+            assert line == "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+            assert all(cell in table for cell in cells if cell)
+    assert list(csv.reader((tmp_path / "kernels.csv").read_text().splitlines()))[0][3:5] == ["min sigma", "mean |mu|"]
+    assert "| mean \\|mu\\| |" in (tmp_path / "kernels.md").read_text()
 
 
 @pytest.fixture

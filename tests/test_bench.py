@@ -454,3 +454,28 @@ def test_an_interrupted_sweep_keeps_its_points_and_summarises_them(monkeypatch, 
         assert [row["batch_size"] for row in csv.DictReader(handle)] == ["1", "1"]
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("Interrupted after 1 of 2 points") and "| vit | micro | 4 | 17 | 1 |" in summary
+
+
+def test_scaling_plot_shows_the_throughputs_quartiles_as_error_bars(tmp_path, monkeypatch):
+    from matplotlib.container import ErrorbarContainer
+
+    from ssog.bench import plots
+
+    def timed(op, resolution, q1, median, q3):  # latencies in ms of a batch of 4
+        return {**_row(op, resolution, 4, speed=4e3 / median, memory=100.0), "latency_ms": median,
+                "latency_ms_q1": q1, "latency_ms_q3": q3}
+
+    rows = [timed("mha", 224, 90.0, 100.0, 125.0), timed("ssog", 224, 40.0, 50.0, 80.0),
+            timed("mha", 448, 380.0, 400.0, 500.0), timed("ssog", 448, 150.0, 200.0, 250.0)]
+    assert plots.throughput_spread(rows[0]) == pytest.approx((40.0 - 32.0, 4e3 / 90.0 - 40.0))
+    assert plots.throughput_spread(_row("mha", 224, 4, speed=1.0, memory=1.0)) is None
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, stem: figures.append(fig) or [])
+    plots.plot_scaling(rows, tmp_path / "fig5", error_bars=True)
+    plots.plot_scaling(rows, tmp_path / "fig5")
+    with_bars, without = (fig.axes[0] for fig in figures)
+    bars = [c for c in with_bars.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2 and not without.containers
+    (mha_segments,) = bars[0].lines[2]
+    low, high = mha_segments.get_segments()[0][:, 1]
+    assert (low, high) == pytest.approx((32.0, 4e3 / 90.0))  # images/s at the latency's third and first quartile

@@ -119,11 +119,44 @@ def test_cli_export_verifies_a_model(tmp_path, capsys):
     output = tmp_path / "vit.onnx"
     assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--img-size", "12", "--output", str(output)]) == 0
     out = capsys.readouterr().out
-    assert output.is_file() and "(input (batch, 1, 12, 12), dynamic batch); onnxruntime on batch 3 at 12x12 " \
-        "matches PyTorch" in out
+    assert output.is_file() and "(input (batch, 1, 12, 12), dynamic batch, kernels rescaled x1.5); onnxruntime on " \
+        "batch 3 at 12x12 matches PyTorch" in out
     assert main(["export", "--model", "ssog_vit_digits_patch2_8", "--img-size", "7",
                  "--output", str(tmp_path / "7.onnx")]) == 2
     assert "--img-size must be a positive multiple of the patch size 2x2, got 7" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(bool(missing_export_packages()), reason="needs onnx and onnxruntime")
+def test_export_at_another_size_rescales_the_kernels_as_eval_does_unless_told(tmp_path, capsys):
+    import onnxruntime
+
+    from ssog.cli import main
+    from ssog.models import create_model
+    from ssog.train.transfer import move_to_input_size
+
+    images = torch.randn(2, 1, 16, 16)
+    outputs = {}
+    for flag in ("--rescale-kernels", "--no-rescale-kernels"):
+        torch.manual_seed(0)  # the same random weights in the command's model and here
+        output = tmp_path / f"{flag}.onnx"
+        assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--img-size", "16", flag,
+                     "--output", str(output)]) == 0
+        session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+        outputs[flag] = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images.numpy()})[0])
+    assert "kernels rescaled x2" in capsys.readouterr().out
+    torch.manual_seed(0)
+    model = create_model("ssog_vit_micro_patch1_8").eval()
+    tokens = model(images).detach()
+    assert move_to_input_size(model, 16) == (2.0, True)  # what ssog eval --img-size 16 does by default
+    rescaled = model(images).detach()
+    assert (rescaled - tokens).abs().max() > 1e-4  # a random model's logits: small, but apart
+    torch.testing.assert_close(outputs["--rescale-kernels"], rescaled, atol=1e-5, rtol=0)
+    torch.testing.assert_close(outputs["--no-rescale-kernels"], tokens, atol=1e-5, rtol=0)
+    # the default is eval's: rescaled
+    torch.manual_seed(0)
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--img-size", "16",
+                 "--output", str(tmp_path / "default.onnx")]) == 0
+    assert "kernels rescaled x2" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -214,3 +214,39 @@ def test_init_from_timm_without_its_pretrained_weights_is_an_error(monkeypatch):
                                          "weights .*ConnectionError: no network"):
         build_model(cfg, num_classes=4, in_chans=3, img_size=32, load_timm_weights=True)
     assert build_model(cfg, num_classes=4, in_chans=3, img_size=32).num_classes == 4  # a resume needs none
+
+
+def test_attn_layer_learns_the_grid_and_prefix_tokens_from_the_model():
+    """timm's ViT built with attn_layer=SSoGAttention on a non-square image, with register tokens and
+    dynamic_img_size: follow_model_grid makes its layers take each image's grid and the model's prefix count."""
+    from ssog.layers import follow_model_grid
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, attn_layer=SSoGAttention, img_size=(32, 48),
+                              patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, reg_tokens=4,
+                              dynamic_img_size=True, global_pool="avg").eval()
+    with pytest.raises(ValueError, match=r"follow_model_grid\(model\)"):  # 24 patches + 5 prefix: no square
+        model(torch.randn(1, 3, 32, 48))
+    mixers = follow_model_grid(model)
+    assert len(mixers) == 2 and all(m.num_prefix_tokens == 5 for m in mixers)
+    images = torch.randn(2, 3, 32, 48)
+    assert model(images).shape == (2, 5) and mixers[0].grid_size == (4, 6)
+    # the grid is each image's: another size under dynamic_img_size, the same result as a grid given by hand
+    other = torch.randn(1, 3, 40, 24)
+    assert model(other).shape == (1, 5) and mixers[0].grid_size == (5, 3)
+    seen = []
+    hook = mixers[0].register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+    model(other)
+    hook.remove()
+    tokens, out = seen[0]
+    torch.testing.assert_close(mixers[0](tokens, grid_size=(5, 3)), out)
+    with pytest.raises(ValueError, match="takes a timm ViT"):
+        follow_model_grid(torch.nn.Linear(2, 2))
+
+
+def test_convert_refuses_a_rope_model_naming_why():
+    eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=56, num_classes=3)
+    with pytest.raises(ValueError, match=r"cannot convert eva02_tiny_patch14_224 \(Eva\): its attention takes rotary "
+                                         r"position embeddings \(RoPE\)"):
+        ssog.convert(eva)
+    assert not any(isinstance(m, SSoGAttention) for m in eva.modules())  # refused before anything changed

@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -146,6 +148,62 @@ def test_the_lock_of_a_dead_process_is_taken_over_with_a_note(tmp_path):
     with pytest.raises(FileExistsError, match=f"in use by process {pid} on elsewhere"):
         FolderLock(tmp_path)
 
+
+
+def _foreign_lock(folder, heartbeat_age: float, **record) -> None:
+    """A lock of a live-looking process on another machine whose heartbeat is ``heartbeat_age`` s old."""
+    path = folder / FolderLock.NAME
+    path.write_text(json.dumps({"pid": 4242, "host": "node17", "started": "earlier", "what": "training run",
+                                "heartbeat_s": files.LOCK_HEARTBEAT_S, **record}))
+    then = time.time() - heartbeat_age
+    os.utime(path, (then, then))
+
+
+def test_a_lock_of_another_machine_is_taken_over_once_its_heartbeat_is_stale(tmp_path):
+    _foreign_lock(tmp_path, heartbeat_age=60)
+    with pytest.raises(FileExistsError, match=rf"in use by process 4242 on node17 .*its heartbeat is 60 s old; a lock "
+                                              rf"whose heartbeat is older than {files.LOCK_STALE_AFTER_S:.0f} s is "
+                                              "taken over"):
+        FolderLock(tmp_path)
+    _foreign_lock(tmp_path, heartbeat_age=files.LOCK_STALE_AFTER_S + 5)
+    with FolderLock(tmp_path) as lock:
+        assert re.fullmatch(rf"note: took over {tmp_path} from process 4242 on node17, which started a training run "
+                            rf"there at earlier: its heartbeat stopped \d+ s ago \(a lock is stale after "
+                            rf"{files.LOCK_STALE_AFTER_S:.0f} s\)", lock.note), lock.note
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    # a lock written before heartbeats (no heartbeat_s) is never taken over for its age
+    (tmp_path / FolderLock.NAME).write_text(json.dumps({"pid": 4242, "host": "node17", "started": "earlier"}))
+    os.utime(tmp_path / FolderLock.NAME, (0, 0))
+    with pytest.raises(FileExistsError, match="if that process is gone, remove"):
+        FolderLock(tmp_path)
+
+
+def test_a_requeued_slurm_job_takes_over_the_lock_of_its_earlier_run_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "981")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    _foreign_lock(tmp_path, heartbeat_age=1, slurm_job={"id": "981", "restart": "1"})  # this very run of the job
+    with pytest.raises(FileExistsError, match="in use by process 4242 on node17"):
+        FolderLock(tmp_path)
+    _foreign_lock(tmp_path, heartbeat_age=1, slurm_job={"id": "980", "restart": "0"})  # another job
+    with pytest.raises(FileExistsError, match="in use by process 4242 on node17"):
+        FolderLock(tmp_path)
+    _foreign_lock(tmp_path, heartbeat_age=1, slurm_job={"id": "981", "restart": "0"})
+    with FolderLock(tmp_path) as lock:
+        assert lock.note.endswith("an earlier run of SLURM job 981, which ended before the job was requeued")
+        assert json.loads(lock.path.read_text())["slurm_job"] == {"id": "981", "restart": "1"}
+
+
+def test_a_held_lock_beats_until_released(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "LOCK_HEARTBEAT_S", 0.05)
+    lock = FolderLock(tmp_path)
+    os.utime(lock.path, (0, 0))
+    deadline = time.monotonic() + 30
+    while lock.path.stat().st_mtime == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lock.path.stat().st_mtime > time.time() - 60
+    lock.release()
+    time.sleep(0.2)
+    assert not lock.path.exists()  # the heartbeat never recreates a released lock
 
 def test_temporaries_are_marked():
     assert is_temporary(".last.safetensors.123-abcd.ssog-tmp.safetensors")

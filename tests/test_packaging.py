@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,18 @@ def test_version_comes_from_the_installed_metadata(capsys):
     installed = METADATA["Version"]
     assert re.search(rf'^version = "{re.escape(installed)}"$', (ROOT / "pyproject.toml").read_text(), flags=re.M)
     assert ssog.__version__ == installed
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--version"])
-    assert exit_info.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"ssog {installed}"
+
+
+def test_version_answers_before_the_commands_load():
+    """``import ssog`` registers the models (torch and timm); the commands' own modules do not load."""
+    probe = ("import sys; from ssog.cli import main; main(['--version']); "
+             "print(sorted(name for name in ('ssog.train', 'ssog.bench', 'ssog.analysis', 'ssog.data') "
+             "if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"ssog {importlib.metadata.version('ssog')}", "[]"]
 
 
 def test_license_file_is_the_mit_license_pyproject_declares():

@@ -117,3 +117,44 @@ def test_dry_run_says_when_the_run_would_refuse_its_output(ssog_cli, run_child, 
     assert f"note: the run itself would stop before training: {held} already holds a run (summary.json)" \
         in result.stdout
     assert sorted(p.name for p in held.iterdir()) == ["summary.json"]  # a dry run writes nothing there
+
+
+def test_dry_run_of_the_imagenet_recipe_without_its_data_projects_imagenet(tmp_path, monkeypatch, ssog_log):
+    monkeypatch.chdir(tmp_path)  # the recipe's data/imagenet is not here
+    cfg = resolve_config(CONFIGS / "imagenet/table02_imagenet.yaml", "vit_ssog",
+                         [("model", "ssog_vit_micro_patch1_8"), ("model_kwargs.depth", 1), ("img_size", 8),
+                          ("batch_size", 8), ("num_workers", 0), ("amp", "none")])
+    report = dry_run(cfg, steps=1)
+    assert report["stand_in"] == "imagenet" and report["train_images"] == 1_281_167
+    assert report["val_images"] == 50_000 and report["steps_per_epoch"] == 1_281_167 // 8
+    assert "imagenet is not readable here" in ssog_log.text and "1,281,167 training images" in ssog_log.text
+
+
+def test_dry_run_projects_for_several_devices_and_prints_the_launch_line(tiny_config, tmp_path, monkeypatch, capsys):
+    import os
+    import warnings
+
+    from ssog.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cpus = os.cpu_count()
+    cfg = tiny_config(tmp_path / "never", synthetic_size=64, batch_size=16, num_workers=cpus + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = dry_run(cfg, steps=1, nproc=2, nnodes=2)
+    assert not [w for w in caught if "DataLoader will create" in str(w.message)]  # said once, in the report
+    assert report["workers_over_cpus"] == cpus and f"more than this machine's {cpus} CPUs" in format_dry_run(report)
+    assert (report["devices"], report["batch_size"], report["global_batch"]) == (4, 4, 16)
+    assert report["steps_per_epoch"] == 64 // 16 and report["peak_memory_bytes"] > 0
+    with pytest.raises(ValueError, match=r"batch_size 16 must be divisible by the 3 devices \(--nproc 3 x "):
+        dry_run(cfg, steps=1, nproc=3)
+    args = ["--model", cfg.model, "--dataset", "synthetic", "--img-size", "8", "--batch-size", "16",
+            "--set", "model_kwargs.embed_dim=16", "--set", "model_kwargs.depth=1", "--num-workers", "0"]
+    assert main(["train", *args, "--dry-run", "1", "--nproc", "2", "--nnodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 4 per device of 4 (2 x 2: global batch 16)" in out
+    assert ("  launch           torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29500 --rdzv-id "
+            f"RUN_NAME --nproc-per-node 2 -m ssog train {' '.join(args)}") in out
+    assert main(["train", *args, "--nproc", "2"]) == 2  # a projection goes with --dry-run
+    assert "--nproc and --nnodes go with --dry-run" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -84,6 +84,13 @@ def test_export_hf_writes_a_model_card_with_the_runs_metrics(run, tmp_path):
     assert f"Final (epoch 1): Acc@1 {summary['acc1']:.2f}, Acc@3 {summary['acc3']:.2f}" in body
     assert f"Best: Acc@1 {summary['best_acc1']:.2f} at epoch {summary['best_epoch']}" in body
     assert "**Weights:** a run's best.safetensors" in body and "**Dataset:** synthetic" in body
+    # the training recipe, as timm's cards give theirs (tiny_config: synthetic 8 px, 1 epoch, batch 16, adamw 3e-3)
+    assert "**Training recipe:**" in body
+    for line in ("Data: synthetic, 8 px", "Epochs: 1", "Batch size: 16",
+                 "Optimizer: adamw, lr 0.003, weight decay 0.05, gradient clipping 1.0",
+                 "Schedule: cosine, 1 warmup epochs from 1e-05, min lr 1e-05", "Augmentation: level none",
+                 "Regularisation: label smoothing 0.1, drop path 0.0", "EMA: none", "Precision: float32", "Seed: 0"):
+        assert f"  - {line}\n" in body, line
     assert 'timm.create_model("hf-hub:someone/tiny-ssog", pretrained=True)' in body and "local-dir:" in body
     # the citations: the paper as CITATION.cff gives it, and this library
     paper = yaml.safe_load((ROOT / "CITATION.cff").read_text())["preferred-citation"]

@@ -167,7 +167,6 @@ def test_fallbacks_fill_only_what_is_unset():
     (["--eval-metric", "top5"], "--eval-metric top5: ssog keeps best.safetensors by validation Acc@1"),
     (["--checkpoint-hist", "3"], "--checkpoint-hist 3: ssog keeps one best checkpoint"),
     (["--val-interval", "2"], "--val-interval 2: ssog evaluates at every epoch's end"),
-    (["--aa", "rand-m9"], "augment is 'none': the evaluation transform"),
     (["--augment", "weak", "--aa", "rand-x9"], "auto_augment 'rand-x9' is not a timm RandAugment"),
     (["--augment", "weak", "--scale", "0.9", "0.1"], "scale must be two numbers low, high with 0 < low <= high"),
     (["--augment", "weak", "--train-interpolation", "cubic"], "train_interpolation must be one of"),
@@ -242,6 +241,25 @@ def test_settings_go_to_timms_create_transform():
     no_aa = build_transform(configure_augmentation("strong", auto_augment="none", color_jitter=0.4), size, mean, std,
                             train=True)
     assert "RandAugment" not in repr(no_aa) and "ColorJitter(brightness=(0.6, 1.4)" in repr(no_aa)
+
+
+def test_timm_flags_alone_work_over_timms_default_training_transform(configured):
+    """Without --augment (the none level, the evaluation transform), timm's augmentation flags
+    apply to timm's train.py training transform, as train.py --aa ... alone does."""
+    size, mean, std = TRANSFORM_ARGS.values()
+    cfg = configured(["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25"])
+    assert cfg.augment == "none"
+    built = build_transform(cfg.augmentation(), size, mean, std, train=True, interpolation="bicubic")
+    # train.py's defaults: --scale 0.08 1, --hflip 0.5, --color-jitter 0.4, --train-interpolation random
+    expected = create_transform(size, is_training=True, scale=(0.08, 1.0), hflip=0.5, color_jitter=0.4,
+                                auto_augment="rand-m9-mstd0.5-inc1", interpolation="random", mean=mean, std=std,
+                                re_prob=0.25, re_mode="pixel")
+    assert _describe(built) == _describe(expected)
+    # one flag alone, and the none level without any: still the evaluation transform
+    jitter = build_transform(configured(["--color-jitter", "0.2"]).augmentation(), size, mean, std, train=True)
+    assert "RandomResizedCropAndInterpolation" in repr(jitter) and "ColorJitter(brightness=(0.8, 1.2)" in repr(jitter)
+    plain = build_transform(configured([]).augmentation(), size, mean, std, train=True)
+    assert "RandomResizedCrop" not in repr(plain) and "CenterCrop" in repr(plain)
 
 
 def test_an_hflip_set_flips_data_the_levels_do_not(tmp_path):

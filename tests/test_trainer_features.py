@@ -209,3 +209,20 @@ def test_with_ema_the_best_checkpoint_is_chosen_by_the_emas_metric(tiny_config, 
     best = max(history, key=lambda row: row["ema_acc1"])
     assert summary["best_metric"] == "ema_acc1" and summary["best_acc1"] == best["ema_acc1"]
     assert summary["best_epoch"] == best["epoch"]
+
+
+def test_timm_loads_the_weights_that_earned_best_the_emas(tiny_config, tmp_path):
+    import timm
+
+    from ssog.train.transfer import load_weights
+
+    cfg = tiny_config(tmp_path / "run", epochs=1, ema_decay=0.5)
+    train(cfg)
+    last = load_checkpoint(tmp_path / "run" / "last.safetensors", only=("model", "ema"))
+    assert any(not torch.equal(last["model"][k], last["ema"][k]) for k in last["ema"])  # they differ
+    model = timm.create_model(cfg.model, num_classes=4, img_size=8, in_chans=3, **cfg.model_kwargs,
+                              checkpoint_path=str(tmp_path / "run" / "best.safetensors"))
+    assert all(torch.equal(value, last["ema"][name]) for name, value in model.state_dict().items())
+    for ema in (False, True):  # ssog eval and --init-from read them, with --ema or without
+        weights, _ = load_weights(tmp_path / "run" / "best.safetensors", ema=ema)
+        assert all(torch.equal(weights[name], last["ema"][name]) for name in weights)

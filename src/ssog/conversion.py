@@ -14,6 +14,7 @@ source's layout (``ssog train --init-from`` an MHA checkpoint or timm ViT weight
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
-from .layers import CLASS_TOKEN_POOLING, SSoGAttention, kernel_scale_for_grid, named_mixers
+from .layers import CLASS_TOKEN_POOLING, SSoGAttention, follow_model_grid, kernel_scale_for_grid, named_mixers
 
 __all__ = ["PATCH_POOLS", "convert", "convert_state_dict"]
 
@@ -30,24 +31,6 @@ logger = logging.getLogger(__name__)
 #: timm's ``global_pool`` values that :func:`convert` can switch a model to: poolings of the
 #: patch tokens that need no new module (``"token"``: the class token's output).
 PATCH_POOLS = ("avg", "avgmax", "max")
-
-
-class _GridFromImages:
-    """``patch_embed``'s forward pre-hook that sets the token grid of ``mixers`` from each
-    image batch ``(B, C, H, W)``: ``(H // patch_h, W // patch_w)``.
-
-    An object rather than a closure, so that ``copy.deepcopy`` of the model (an EMA copy)
-    copies the mixers it sets with the model's, and ``torch.save`` can pickle it.
-    """
-
-    def __init__(self, mixers: Sequence[SSoGAttention]) -> None:
-        self.mixers = list(mixers)
-
-    def __call__(self, patch_embed: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-        height, width = inputs[0].shape[-2:]
-        patch_h, patch_w = patch_embed.patch_size
-        for mixer in self.mixers:
-            mixer.grid_size = (height // patch_h, width // patch_w)
 
 
 def convert(
@@ -73,7 +56,8 @@ def convert(
     Returns:
         ``model``, its attentions now :class:`~ssog.layers.SSoGAttention` with the value slice
         of ``qkv`` and the output projection (and a ``scale_norm``) copied; everything else
-        keeps its weights. The token grid comes from each image (:class:`_GridFromImages`).
+        keeps its weights. The token grid comes from each image
+        (:func:`~ssog.layers.follow_model_grid`).
     """
     blocks = getattr(model, "blocks", None)
     patch_embed = getattr(model, "patch_embed", None)
@@ -81,6 +65,7 @@ def convert(
         raise ValueError(f"convert() takes a timm VisionTransformer (blocks, patch_embed), got {type(model).__name__}")
     if getattr(model, "dynamic_img_size", False):
         raise ValueError("convert() needs a fixed token grid: build the timm model with dynamic_img_size=False")
+    _refuse_rotary(model, blocks)
     if global_pool is not None:
         _pool_patches(model, global_pool)
     ssog_options = {"kernel_scale": kernel_scale_for_grid(patch_embed.grid_size, kernel_units), **ssog_options}
@@ -88,7 +73,7 @@ def convert(
     for index, block in enumerate(blocks):
         mixers.append(_convert_attention(block.attn, model.num_prefix_tokens, f"blocks.{index}.attn", ssog_options))
         block.attn = mixers[-1]
-    patch_embed.register_forward_pre_hook(_GridFromImages(mixers))
+    follow_model_grid(model)
     if getattr(model, "global_pool", None) == "token":
         fix = ("convert it with global_pool='avg' to pool the patches" if _pools_as_told(model) else
                "its head reads its prefix tokens whatever global_pool says: fine-tune a model that pools patches")
@@ -97,6 +82,20 @@ def convert(
             _model_name(model), CLASS_TOKEN_POOLING, fix,
         )
     return model
+
+
+def _refuse_rotary(model: nn.Module, blocks: Sequence[nn.Module]) -> None:
+    """A ValueError for a model whose attention takes rotary position embeddings (RoPE: timm's
+    EVA-02, the RoPE ViTs): their blocks call ``attn(x, rope=...)``, and SSoG, which mixes by
+    position with neither query nor key to rotate, has no such input."""
+    rotary = getattr(model, "rope", None) is not None or any(
+        "rope" in inspect.signature(block.attn.forward).parameters for block in blocks if hasattr(block, "attn"))
+    if rotary:
+        raise ValueError(
+            f"convert() cannot convert {_model_name(model)} ({type(model).__name__}): its attention takes rotary "
+            "position embeddings (RoPE), which rotate queries and keys, and SSoG mixes by position with neither, so "
+            "its blocks' call attn(x, rope=...) has no SSoG counterpart; convert a ViT with absolute position "
+            "embeddings (vit_*, deit_*)")
 
 
 def _model_name(model: nn.Module) -> str:

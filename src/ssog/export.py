@@ -27,7 +27,7 @@ from .files import refuse_existing, replacing
 
 __all__ = [
     "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "dynamic_image_shapes", "export_onnx",
-    "missing_export_packages", "model_card", "run_summary", "verify_onnx",
+    "missing_export_packages", "model_card", "run_summary", "training_recipe", "verify_onnx",
 ]
 
 
@@ -220,7 +220,8 @@ def model_card(
     run's; ``ema``: its EMA weights), the data set and the final and best metrics of that
     run (:func:`run_summary`; without a checkpoint: initial weights), how to
     load it (``timm.create_model("hf-hub:HUB_ID")``, ``HUB_ID`` ``USER/REPO`` until given, or
-    ``local-dir:``), and BibTeX for the paper (``ssog.models._registry.PAPER``, what every
+    ``local-dir:``), the run's training recipe (:func:`training_recipe`), and BibTeX for the
+    paper (``ssog.models._registry.PAPER``, what every
     preset's ``pretrained_cfg`` holds) and for this library. The licence is the
     ``pretrained_cfg``'s, else the project's (MIT).
     """
@@ -243,6 +244,9 @@ def model_card(
         if summary:
             details["Dataset"] = summary["dataset"]
             details["Metrics"] = _metrics(summary)
+        recipe = training_recipe(checkpoint)
+        if recipe:
+            details["Training recipe"] = recipe
     details["Papers"] = [f"{PAPER['paper_name']}: {PAPER['origin_url']}"]
     details["Library"] = f"ssog {_version()}"
     card = {
@@ -256,6 +260,44 @@ def model_card(
         "citation": [_paper_bibtex(), _library_bibtex()],
     }
     return generate_readme(card, name)
+
+
+def training_recipe(checkpoint: str | Path) -> dict[str, str] | None:
+    """The training recipe of the run that wrote ``checkpoint`` (a run folder: its ``best``),
+    from the config stored in it, as timm's cards summarise theirs: data, epochs, batch,
+    optimizer and learning rate, schedule, augmentation and regularisation, EMA, precision;
+    None for a file without a run's config (plain weights)."""
+    from .train.checkpoint import checkpoint_path, read_checkpoint_info
+
+    try:
+        config = read_checkpoint_info(checkpoint_path(checkpoint, "best")).get("config")
+    except (OSError, ValueError):
+        return None
+    if not config:
+        return None
+    get = config.get
+    size = f", {get('img_size')} px" if get("img_size") else ""
+    cooldown = f" + {get('cooldown_epochs')} cooldown" if get("cooldown_epochs") else ""
+    accum = f" ({get('grad_accum_steps')} accumulated micro-batches)" if get("grad_accum_steps", 1) > 1 else ""
+    layer_decay = f", layer decay {get('layer_decay')}" if get("layer_decay") else ""
+    clip = f", gradient clipping {get('clip_grad')}" if get("clip_grad") else ""
+    settings = [f"{name} {get(key)}" for name, key in (
+        ("RandAugment/AutoAugment", "auto_augment"), ("random erasing", "re_prob"), ("crop scale", "scale"),
+        ("flip", "hflip"), ("colour jitter", "color_jitter")) if get(key) is not None]
+    mixes = [f"{name} {get(key)}" for name, key in (("mixup", "mixup"), ("cutmix", "cutmix")) if get(key) is not None]
+    return {
+        "Data": f"{get('dataset')}{size}" + (f" ({get('data_dir')})" if get("data_dir") else ""),
+        "Epochs": f"{get('epochs')}{cooldown}" + (f", stopped at step {get('max_steps')}" if get("max_steps") else ""),
+        "Batch size": f"{get('batch_size')}{accum}",
+        "Optimizer": f"{get('opt')}, lr {get('lr'):g}, weight decay {get('weight_decay'):g}{layer_decay}{clip}",
+        "Schedule": f"{get('sched')}, {get('warmup_epochs')} warmup epochs from {get('warmup_lr'):g}, "
+                    f"min lr {get('min_lr'):g}",
+        "Augmentation": ", ".join([f"level {get('augment')}", *settings, *mixes]),
+        "Regularisation": f"label smoothing {get('label_smoothing')}, drop path {get('drop_path')}",
+        "EMA": f"decay {get('ema_decay')}" if get("ema_decay") else "none",
+        "Precision": {"none": "float32"}.get(get("amp"), get("amp")),
+        "Seed": str(get("seed")),
+    }
 
 
 def _model_stats(model: nn.Module) -> dict[str, str]:

@@ -18,13 +18,15 @@ import json
 import os
 import secrets
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 __all__ = [
-    "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary", "new_file_mode", "refuse_existing",
+    "LOCK_HEARTBEAT_S", "LOCK_STALE_AFTER_S", "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "is_temporary",
+    "new_file_mode", "refuse_existing",
     "replacing", "save_figure", "temporary_path", "write_atomic",
 ]
 
@@ -214,6 +216,21 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def _owner_gone(owner: dict[str, Any], beat_age: float) -> str | None:
+    """Why the owner of a lock (its record, its heartbeat ``beat_age`` seconds old) is gone, or
+    None when it may be alive."""
+    pid, job, mine = owner.get("pid"), owner.get("slurm_job"), _slurm_job()
+    here = owner.get("host") == socket.gethostname()
+    if isinstance(pid, int) and here and not _alive(pid, owner.get("process_start")):
+        return "it no longer runs"
+    if isinstance(job, dict) and mine is not None and job.get("id") == mine["id"] \
+            and str(job.get("restart")) != mine["restart"]:
+        return f"an earlier run of SLURM job {mine['id']}, which ended before the job was requeued"
+    if owner.get("heartbeat_s") and beat_age > LOCK_STALE_AFTER_S:
+        return f"its heartbeat stopped {beat_age:.0f} s ago (a lock is stale after {LOCK_STALE_AFTER_S:.0f} s)"
+    return None
+
+
 def _alive(pid: int, start: str | None) -> bool:
     try:
         os.kill(pid, 0)
@@ -225,12 +242,30 @@ def _alive(pid: int, start: str | None) -> bool:
     return start is None or current is None or current == start
 
 
+#: Seconds between a lock's heartbeats: its holder touches it (the file's modification time).
+LOCK_HEARTBEAT_S = 60.0
+#: A lock whose heartbeat is older than this (seconds) belongs to a run that is gone (killed on
+#: another machine, its machine lost) and is taken over: ten missed heartbeats.
+LOCK_STALE_AFTER_S = 600.0
+
+
+def _slurm_job() -> dict[str, str] | None:
+    """This process's SLURM job id and restart count (``SLURM_RESTART_COUNT``, 0 before a
+    requeue), None outside SLURM."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return None if job is None else {"id": job, "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+
+
 class FolderLock:
     """``FOLDER/.ssog-run.lock``, created with ``O_EXCL``: the folder belongs to this process.
 
-    The lock holds the owner's pid, host, process start and command. A lock left by a process
-    of this host that no longer runs (killed) is taken over, and :attr:`note` says so; any
-    other lock is a FileExistsError naming its process. :meth:`release` removes it.
+    The lock holds the owner's pid, host, process start, command and SLURM job, and a
+    heartbeat: the holder touches it every :data:`LOCK_HEARTBEAT_S` seconds (a daemon thread)
+    until :meth:`release` removes it. A lock whose owner is provably gone is taken over, and
+    :attr:`note` says so: a process of this host that no longer runs, an earlier run of this
+    SLURM job (a requeued job starts only once the earlier one ended), or an owner whose
+    heartbeat is older than :data:`LOCK_STALE_AFTER_S` (killed on another machine). Any other
+    lock is a FileExistsError naming its process.
     """
 
     NAME = ".ssog-run.lock"
@@ -239,8 +274,10 @@ class FolderLock:
         self.path = Path(folder) / self.NAME
         self.note: str | None = None
         record = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
-                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "what": what}
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "what": what, "heartbeat_s": LOCK_HEARTBEAT_S,
+                  "slurm_job": _slurm_job()}
         payload = (json.dumps(record) + "\n").encode()
+        self._released = threading.Event()
         for _ in range(3):
             try:
                 descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -251,36 +288,53 @@ class FolderLock:
                 os.write(descriptor, payload)
             finally:
                 os.close(descriptor)
+            threading.Thread(target=self._beat, name="ssog-lock-heartbeat", daemon=True).start()
             return
         raise FileExistsError(errno.EEXIST, f"{folder} is being claimed by another process at this moment; "
                                             "try again, or choose another --output")
 
+    def _beat(self) -> None:
+        while not self._released.wait(LOCK_HEARTBEAT_S):
+            try:
+                os.utime(self.path)
+            except OSError:  # removed from under us, or the storage is away for a moment
+                pass
+
     def _take_over_or_refuse(self, folder: str | Path) -> None:
         try:
             owner = json.loads(self.path.read_text())
+            beat_age = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:
             return  # released meanwhile: try again
         except (OSError, ValueError):
-            owner = {}
+            owner, beat_age = {}, 0.0
+        owner = owner if isinstance(owner, dict) else {}
         pid, host = owner.get("pid"), owner.get("host")
-        if isinstance(pid, int) and host == socket.gethostname() and not _alive(pid, owner.get("process_start")):
+        gone = _owner_gone(owner, beat_age)
+        if gone is not None:
             stale = self.path.with_name(f"{self.NAME}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_MARK}")
             try:
                 os.rename(self.path, stale)  # only one of several processes taking over wins this
             except FileNotFoundError:
                 return
             stale.unlink(missing_ok=True)
-            self.note = (f"note: took over {folder} from process {pid}, which started a {owner.get('what', 'run')} "
-                         f"there at {owner.get('started', '?')} and no longer runs")
+            self.note = (f"note: took over {folder} from process {pid} on {host}, which started a "
+                         f"{owner.get('what', 'run')} there at {owner.get('started', '?')}: {gone}")
             return
         who = f"process {pid} on {host}" if pid is not None else "another process"
+        if owner.get("heartbeat_s"):
+            after = (f"its heartbeat is {beat_age:.0f} s old; a lock whose heartbeat is older than "
+                     f"{LOCK_STALE_AFTER_S:.0f} s is taken over")
+        else:  # written before heartbeats: the lock's age says nothing
+            after = f"if that process is gone, remove {self.path}"
         raise FileExistsError(
             errno.EEXIST,
             f"{folder} is in use by {who} ({owner.get('what', 'run')} started {owner.get('started', '?')}); "
-            f"wait for it to end or choose another --output (if that process is gone, remove {self.path})",
+            f"wait for it to end or choose another --output ({after})",
         )
 
     def release(self) -> None:
+        self._released.set()
         self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> "FolderLock":

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 __all__ = [
-    "DTYPES", "PLOT_EXTRA", "autocast", "check_plotting", "cpu_seconds", "is_out_of_memory", "resolve_device",
-    "resolve_dtype",
-    "torch_settings",
+    "DTYPES", "PLOT_EXTRA", "STOP_SIGNALS", "autocast", "check_plotting", "cpu_seconds", "is_out_of_memory",
+    "resolve_device", "resolve_dtype", "torch_settings",
 ]
 
 # torch reports a failed CPU allocation as a plain RuntimeError (torch 2.14: torch.empty(2**50)
@@ -149,3 +149,10 @@ def torch_settings(device: torch.device, threads: int | None = None, determinist
         torch.set_num_threads(saved[0])
         torch.use_deterministic_algorithms(saved[1])
         torch.backends.cudnn.benchmark = saved[2]
+
+
+#: The signals that ask a run to stop at its next step boundary: a terminal's Ctrl-C, the
+#: SIGTERM of a scheduler, a launcher or ``kill``, and SIGUSR1, which clusters send ahead of a
+#: deadline or a preemption (SLURM's ``--signal``).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+

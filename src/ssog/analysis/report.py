@@ -1,10 +1,20 @@
-"""Plain-text tables of the analyses' results."""
+"""Tables of the analyses' results: plain text for the terminal, and, for the sinks and the
+kernels, the same rows as CSV and a Markdown table (:data:`TABLE_ROWS`, :func:`csv_table`,
+:func:`markdown_table`) for a paper's or a README's table."""
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-__all__ = ["field_table", "kernels_table", "lipschitz_table", "sinks_table"]
+__all__ = [
+    "TABLE_ROWS", "csv_table", "field_table", "kernels_rows", "kernels_table", "lipschitz_table", "markdown_table",
+    "sinks_rows", "sinks_table",
+]
+
+#: A table's header and rows (cells as text).
+Rows = tuple[list[str], list[list[str]]]
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -32,8 +42,30 @@ def _setting(result: dict[str, Any]) -> str:
     return f"{result['family']} {result['op']}{steer}"
 
 
+def csv_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The table as CSV (a header line, then one line per row)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The table in Markdown (``|`` in a cell escaped)."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *map(line, rows)]) + "\n"
+
+
 def sinks_table(results: Sequence[dict[str, Any]]) -> str:
     """Table 5: one row per model."""
+    return _table(*sinks_rows(results))
+
+
+def sinks_rows(results: Sequence[dict[str, Any]]) -> Rows:
+    """Table 5's header and rows: one per model."""
     header = ["model", "setting", "source", "images", "layers", "sink mean", "sink worst", "rollout",
               "same key %", "CLS %", "high-norm %"]
     rows = [[
@@ -42,7 +74,7 @@ def sinks_table(results: Sequence[dict[str, Any]]) -> str:
         f"{r['same_key_percent']:.0f}", "-" if r["cls_percent"] is None else f"{r['cls_percent']:.2f}",
         f"{r['high_norm_percent']:.2f}",
     ] for r in results]
-    return _table(header, rows)
+    return header, rows
 
 
 def lipschitz_table(results: Sequence[dict[str, Any]]) -> str:
@@ -62,20 +94,25 @@ def lipschitz_table(results: Sequence[dict[str, Any]]) -> str:
 
 def kernels_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per SSoG mixer; then each model's mixture weights per head."""
+    weights = [f"{_label(r)} {m['module']} weights: "
+               + "  ".join(f"h{h} " + " ".join(f"{w:.2f}" for w in head) for h, head in enumerate(m["weight"]))
+               for r in results for m in r["kernels"]["mixers"]]
+    return _table(*kernels_rows(results)) + "\n\n" + "\n".join(weights)
+
+
+def kernels_rows(results: Sequence[dict[str, Any]]) -> Rows:
+    """The kernel statistics' header and rows: one per SSoG mixer, then one per model (``(all)``)."""
     header = ["model", "mixer", "steer", "min sigma", "mean |mu|", "max |mu|", "max weight", "effective atoms"]
-    rows, weights = [], []
+    rows = []
     for r in results:
         stats = r["kernels"]
         for m in stats["mixers"]:
             rows.append([_label(r), m["module"], ",".join(m["steer"]) or "-", f"{m['min_sigma']:.3f}",
                          f"{m['mean_abs_mu']:.3f}", f"{m['max_abs_mu']:.3f}", f"{m['max_weight']:.3f}",
                          f"{m['effective_atoms']:.2f}"])
-            weights.append(f"{_label(r)} {m['module']} weights: "
-                           + "  ".join(f"h{h} " + " ".join(f"{w:.2f}" for w in head)
-                                       for h, head in enumerate(m["weight"])))
         rows.append([_label(r), "(all)", "", f"{stats['min_sigma']:.3f}", f"{stats['mean_abs_mu']:.3f}", "",
                      f"{stats['max_weight']:.3f}", f"{stats['effective_atoms']:.2f}"])
-    return _table(header, rows) + "\n\n" + "\n".join(weights)
+    return header, rows
 
 
 def field_table(results: Sequence[dict[str, Any]]) -> str:
@@ -88,3 +125,7 @@ def field_table(results: Sequence[dict[str, Any]]) -> str:
         "-" if r["mlp_share"] is None else f"{r['mlp_share']:.2f}", _number(r["mean"]["state"]),
     ] for r in results]
     return _table(header, rows)
+
+
+#: The analyses whose rows are also written as ``<analysis>.csv`` and ``<analysis>.md``.
+TABLE_ROWS: dict[str, Callable[[Sequence[dict[str, Any]]], Rows]] = {"sinks": sinks_rows, "kernels": kernels_rows}

@@ -18,6 +18,7 @@ from .field import field_branches
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
 from .loading import AnalysisModel, data_name, image_batches, iter_models
+from .report import TABLE_ROWS, csv_table, markdown_table
 from .sinks import sink_diagnostics
 
 __all__ = ["DTYPES", "OUTPUTS", "run_field", "run_kernels", "run_lipschitz", "run_sinks"]
@@ -27,9 +28,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 #: The files each analysis writes into its output folder (globs).
 OUTPUTS = {
-    "sinks": ("sinks.json",),
+    "sinks": ("sinks.json", "sinks.csv", "sinks.md"),
     "lipschitz": ("lipschitz.json", "lipschitz.png"),
-    "kernels": ("kernels.json", "kernels_*.png"),
+    "kernels": ("kernels.json", "kernels.csv", "kernels.md", "kernels_*.png"),
     "field": ("field.json", "field.png"),
 }
 
@@ -52,7 +53,8 @@ def _for_each_model(
     overwrite: bool,
 ) -> list[dict[str, Any]]:
     """``analyse(index, loaded)`` for each model of :func:`iter_models` in turn; the results
-    are written to ``output/<analysis>.json`` when ``output`` is set.
+    are written to ``output/<analysis>.json`` when ``output`` is set, and the rows of the
+    analyses of :data:`~ssog.analysis.report.TABLE_ROWS` to ``<analysis>.csv`` and ``.md``.
 
     Before any work, with ``output``: an earlier run's results there are refused unless
     ``overwrite`` (then they are removed), and so is a matplotlib that cannot import.
@@ -64,6 +66,10 @@ def _for_each_model(
     results = [analyse(index, loaded) for index, loaded in enumerate(loaded_models)]
     if output is not None:
         _write_json(results, Path(output) / f"{analysis}.json")
+        if analysis in TABLE_ROWS:  # the table's rows, ready for a paper or a README
+            header, rows = TABLE_ROWS[analysis](results)
+            write_atomic(Path(output) / f"{analysis}.csv", csv_table(header, rows))
+            write_atomic(Path(output) / f"{analysis}.md", markdown_table(header, rows))
     return results
 
 

@@ -3,7 +3,9 @@
 - Fig. 5 (``fig5_scaling``): families (rows) x batch sizes (columns); throughput (left
   axis) and peak memory (right axis) against resolution, log axes. MHA solid circles,
   SSoG dashed triangles; an ``x`` (MHA) or ``+`` (SSoG) at the first resolution that ran
-  out of memory, drawn at the curve's last measured value.
+  out of memory, drawn at the curve's last measured value. With ``error_bars``, each
+  throughput point spans the images/s of the latency's quartiles (the spread over the
+  timed iterations the sweep already measures).
 - Fig. 4 (``fig4_improvement``): per family, SSoG's throughput gain and memory saving over
   MHA in percent, averaged over batch sizes, by resolution; last panel, the FLOP
   reduction of the whole model and of attention alone.
@@ -28,7 +30,7 @@ from ssog.bench.report import paired_points
 from ssog.bench.results import FIGURES, BenchResults
 from ssog.files import save_figure
 
-__all__ = ["FIGURES", "plot_improvement", "plot_results", "plot_scaling", "plot_width"]
+__all__ = ["FIGURES", "plot_improvement", "plot_results", "plot_scaling", "plot_width", "throughput_spread"]
 
 THROUGHPUT_COLOR = "tab:blue"
 MEMORY_COLOR = "tab:pink"
@@ -58,8 +60,20 @@ def _save(fig: Figure, stem: Path) -> list[Path]:
     return save_figure(fig, stem.with_suffix(".png"), stem.with_suffix(".pdf"), dpi=150, bbox_inches="tight")
 
 
-def plot_scaling(rows: Sequence[dict[str, Any]], stem: str | os.PathLike) -> list[Path]:
-    """Fig. 5 from the rows of one width; writes ``stem.png`` and ``stem.pdf``."""
+def throughput_spread(row: dict[str, Any]) -> tuple[float, float] | None:
+    """How far the images/s of a row's latency quartiles lie below and above its median
+    throughput: ``(median - batch / q3, batch / q1 - median)``; None for a row without
+    quartiles (results written before they were kept)."""
+    q1, q3 = row.get("latency_ms_q1"), row.get("latency_ms_q3")
+    if not q1 or not q3:
+        return None
+    median = row["images_per_s"]
+    return median - 1e3 * row["batch_size"] / q3, 1e3 * row["batch_size"] / q1 - median
+
+
+def plot_scaling(rows: Sequence[dict[str, Any]], stem: str | os.PathLike, error_bars: bool = False) -> list[Path]:
+    """Fig. 5 from the rows of one width; writes ``stem.png`` and ``stem.pdf``; with
+    ``error_bars``, the throughput's quartiles (:func:`throughput_spread`) as error bars."""
     families = _families(rows)
     batches = sorted({row["batch_size"] for row in rows})
     resolutions = [row["resolution"] for row in rows]
@@ -79,14 +93,14 @@ def plot_scaling(rows: Sequence[dict[str, Any]], stem: str | os.PathLike) -> lis
                     (ax, "images_per_s", THROUGHPUT_COLOR, "images/s"),
                     (memory_ax, "peak_memory_mib", MEMORY_COLOR, "MiB"),
                 ):
-                    axis.plot(
-                        [row["resolution"] for row in done],
-                        [row[key] for row in done],
-                        linestyle=line,
-                        marker=marker,
-                        color=color,
-                        label=f"{label} {what}",
-                    )
+                    spreads = [throughput_spread(row) for row in done] if error_bars and axis is ax else []
+                    if spreads and all(spreads):
+                        axis.errorbar([row["resolution"] for row in done], [row[key] for row in done],
+                                      yerr=[[low for low, _ in spreads], [high for _, high in spreads]],
+                                      linestyle=line, marker=marker, color=color, capsize=3, label=f"{label} {what}")
+                    else:
+                        axis.plot([row["resolution"] for row in done], [row[key] for row in done], linestyle=line,
+                                  marker=marker, color=color, label=f"{label} {what}")
                     oom = next((row for row in curve if row["status"] == "oom"), None)
                     if oom is not None and done:
                         axis.plot(oom["resolution"], done[-1][key], marker=oom_marker, color=color, markersize=10,
@@ -183,8 +197,9 @@ def plot_width(rows: Sequence[dict[str, Any]], stem: str | os.PathLike) -> list[
     return _save(fig, Path(stem))
 
 
-def plot_results(results: BenchResults, output_dir: str | os.PathLike) -> list[Path]:
-    """Draw every figure the sweep ``results`` support into ``output_dir``."""
+def plot_results(results: BenchResults, output_dir: str | os.PathLike, error_bars: bool = False) -> list[Path]:
+    """Draw every figure the sweep ``results`` support into ``output_dir`` (``error_bars``:
+    Fig. 5's throughput quartiles, :func:`plot_scaling`)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     grid_size = results.config["size"]
@@ -192,7 +207,7 @@ def plot_results(results: BenchResults, output_dir: str | os.PathLike) -> list[P
     if not grid:
         raise ValueError(f"the results hold no rows of the sweep's width {grid_size!r}")
     scaling, improvement, width_figure = (output_dir / stem for stem in FIGURES)
-    paths = plot_scaling(grid, scaling) + plot_improvement(grid, improvement)
+    paths = plot_scaling(grid, scaling, error_bars) + plot_improvement(grid, improvement)
     largest = max(row["resolution"] for row in results.rows)
     width_batch = results.config.get("width_batch_size") or min(row["batch_size"] for row in grid)
     width = [row for row in results.rows if row["resolution"] == largest and row["batch_size"] == width_batch]

@@ -65,11 +65,16 @@ def refuse_unknown_options(command: str, parser: argparse.ArgumentParser, unknow
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:
+        # answered before the commands' parsers are built, which load training, data and benchmark code
+        print(f"ssog {__version__}")
+        return 0
     from ssog.logs import install_cli_handler
 
     install_cli_handler()
     parser, commands = build_parsers()
     args, unknown = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a command may repeat it (a launch line)
     if unknown:
         refuse_unknown_options(args.command, commands[args.command], unknown)
     try:

@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results of an earlier sweep in --output (else refused, before measuring)")
     parser.add_argument("--no-plots", action="store_true", help="write results only")
+    parser.add_argument("--error-bars", action="store_true",
+                        help="draw each throughput point of the scaling figure with the quartiles of its timed "
+                             "iterations as error bars")
     parser.add_argument("--plot", type=Path, metavar="RESULTS",
                         help="redraw the figures from a results.json (or its directory) instead of measuring")
     parser.set_defaults(func=run)
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:  # figures are derived from the results: redrawn in place
         results = BenchResults.load(args.plot)
         output = args.output or (args.plot if args.plot.is_dir() else args.plot.parent)
-        for path in plot_results(results, output):
+        for path in plot_results(results, output, args.error_bars):
             print(path)
         return 0
 
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     paths.append(write_atomic(output / SUMMARY_NAME, table))
     print(table)
     if not args.no_plots:
-        paths += plot_results(results, output)
+        paths += plot_results(results, output, args.error_bars)
     for path in paths:
         print(path)
     return 0

@@ -43,8 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=2, help="batch size traced (the batch is dynamic)")
     parser.add_argument("--img-size", type=int,
                         help="image side traced, in pixels, a multiple of the patch (default: the model's); "
-                             "without --dynamic-size the file takes this size only. SSoG kernels stay as trained, "
-                             "in tokens: the file computes model(images) at this size")
+                             "without --dynamic-size the file takes this size only. SSoG kernels are rescaled to "
+                             "its grid, as ssog eval --img-size does (see --rescale-kernels)")
+    parser.add_argument("--rescale-kernels", action=argparse.BooleanOptionalAction, default=None,
+                        help="scale SSoG mu, sigma and steering radius by the grid ratio of --img-size to the "
+                             "model's size, as ssog eval does (default: yes for SSoG models when --img-size is "
+                             "given; with --dynamic-size the kernels keep those lengths, in tokens, at other sizes); "
+                             "--no-rescale-kernels keeps them as trained, in tokens")
     parser.add_argument("--dynamic-size", action="store_true",
                         help="any height and width that are multiples of the patch, of at least 2 patches "
                              "(checked at --img-size and at a size 2 patches higher and 1 wider)")
@@ -87,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
 
         model, name = model_from_checkpoint(args.checkpoint, ema=args.ema), args.checkpoint
     input_size = _input_size(model, args.img_size)
+    ratio, rescaled = _move_to(model, input_size, args.img_size, args.rescale_kernels)
     try:
         result = export_onnx(model, args.output, input_size, batch_size=args.batch_size,
                              dynamic_size=args.dynamic_size, atol=args.atol, overwrite=args.overwrite)
     except ExportMismatch as error:  # the file was not written: one line, as for bad input
         raise ValueError(f"the export does not compute the model: {error}") from None
     if args.json:
-        print(json.dumps({"source": name, **result}, indent=2))
+        print(json.dumps({"source": name, **result, "grid_ratio": ratio, "rescaled_kernels": rescaled}, indent=2))
     else:
         channels, height, width = input_size
         if args.dynamic_size:
@@ -103,10 +109,29 @@ def run(args: argparse.Namespace) -> int:
         else:
             shape = f"(batch, {channels}, {height}, {width})"
         sizes = " and ".join("x".join(map(str, size)) for size in result["verified_sizes"])
-        print(f"exported {name} to {result['path']} (input {shape}, dynamic batch); onnxruntime on batch "
+        kernels = f", kernels rescaled x{ratio:.3g}" if rescaled else ""
+        print(f"exported {name} to {result['path']} (input {shape}, dynamic batch{kernels}); onnxruntime on batch "
               f"{result['verified_batch_size']} at {sizes} matches PyTorch "
               f"(max |diff| {result['max_abs_diff']:.2e} <= {args.atol:g})")
     return 0
+
+
+def _move_to(model: nn.Module, input_size: tuple[int, int, int], img_size: int | None,
+             rescale_kernels: bool | None) -> tuple[float, bool]:
+    """``model`` at ``--img-size`` as ``ssog eval`` moves it
+    (:func:`~ssog.train.transfer.move_to_input_size`: SSoG kernels rescaled unless
+    ``--no-rescale-kernels``); a model at its own size, or kept in tokens, is left as it is
+    (it takes any size divisible by its patch). Returns ``(grid ratio, whether rescaled)``."""
+    from ssog.train.transfer import move_to_input_size
+
+    patch_embed = getattr(model, "patch_embed", None)
+    if rescale_kernels and img_size is None:
+        raise ValueError("--rescale-kernels needs --img-size (a new grid to rescale to)")
+    if img_size is None or patch_embed is None or tuple(patch_embed.img_size) == tuple(input_size[1:]):
+        return 1.0, False
+    if rescale_kernels is False:
+        return input_size[1] / patch_embed.img_size[0], False
+    return move_to_input_size(model, img_size, None, rescale_kernels)
 
 
 def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:

@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="name the run folder OUTPUT/NAME (default OUTPUT: runs), as timm's --experiment")
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the run in DIR from its last checkpoint; only --no-progress, --threads, "
-                             "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change")
+                             "--device, --num-workers and (no longer bit-identical) --lr, --epochs may change. "
+                             "--resume auto: resume the run in --output if it saved a checkpoint (with the same "
+                             "settings), else start it: one command for a job's start and its requeues")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config field, e.g. --set model_kwargs.depth=6 (repeatable)")
     add_options(parser)
@@ -40,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the data loader alone, print parameters, GFLOPs, step time, images/s, peak memory "
                              "and the projected time per epoch and for the schedule; writes nothing")
     parser.add_argument("--dry-run-report", metavar="FILE", help="with --dry-run: also write the report as JSON")
+    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+                        help="with --dry-run: project for N processes (devices) per machine: the step at the "
+                             "per-device batch, the epoch at the global one, and the torchrun line to launch it")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="M", help="with --dry-run: on M machines")
     parser.set_defaults(func=run)
 
 
@@ -56,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
     if output is not None:
         overrides.append(("output", output))
     overrides += [parse_override(text) for text in args.set]
-    if args.dry_run is not None or args.dry_run_report:
+    if args.dry_run is not None or args.dry_run_report or args.nproc != 1 or args.nnodes != 1:
         return _dry_run(args, overrides, fallbacks)
     try:
-        if args.resume:
+        if args.resume == "auto":
+            train(fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks), resume="auto")
+        elif args.resume:
             if args.config or args.variant:
                 raise ValueError("--resume DIR continues a run with its saved configuration; give no --config")
             train(resume=args.resume, resume_changes=dict(overrides + fallbacks))
@@ -69,6 +77,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"ssog train: {stop}", file=sys.stderr)
         return 128 + stop.signum
     return 0
+
+
+#: The options of a dry run alone (with the number of values each takes, "?" for --dry-run's
+#: optional one): what the launch line of the measured run leaves out.
+_DRY_RUN_OPTIONS = {"--dry-run": "?", "--dry-run-report": 1, "--nproc": 1, "--nnodes": 1}
+
+
+def _run_args(argv: list[str]) -> list[str]:
+    """``ssog train``'s arguments ``argv`` (from ``train`` on) without the dry run's options."""
+    argv = argv[1:] if argv[:1] == ["train"] else list(argv)
+    kept, skip = [], 0
+    for index, arg in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if name not in _DRY_RUN_OPTIONS:
+            kept.append(arg)
+        elif "=" not in arg:
+            count = _DRY_RUN_OPTIONS[name]
+            optional_next = index + 1 < len(argv) and argv[index + 1].isdigit()
+            skip = 1 if count == 1 or (count == "?" and optional_next) else 0
+    return kept
 
 
 def _output(args: argparse.Namespace) -> str | None:
@@ -85,15 +116,17 @@ def _output(args: argparse.Namespace) -> str | None:
 def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
     from ssog.files import write_atomic
     from ssog.train import resolve_config
-    from ssog.train.dry_run import dry_run, format_dry_run
+    from ssog.train.dry_run import dry_run, format_dry_run, torchrun_line
     from ssog.train.run_folder import check_output
 
     if args.dry_run is None:
-        raise ValueError("--dry-run-report FILE goes with --dry-run")
+        raise ValueError("--dry-run-report FILE, --nproc and --nnodes go with --dry-run")
     if args.resume:
         raise ValueError("--dry-run measures a new run's recipe; --resume continues a run: give one")
     cfg = fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks)
-    report = dry_run(cfg, steps=args.dry_run)
+    report = dry_run(cfg, steps=args.dry_run, nproc=args.nproc, nnodes=args.nnodes)
+    if args.nproc * args.nnodes > 1:
+        report["launch"] = torchrun_line(_run_args(getattr(args, "argv", [])), args.nproc, args.nnodes)
     print(format_dry_run(report))
     if cfg.output:  # what the real run would refuse at its start, said by the dry run already
         try:

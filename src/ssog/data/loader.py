@@ -7,15 +7,23 @@ the middle of an epoch sees exactly the images an uninterrupted run would, whate
 """
 from __future__ import annotations
 
+import os
 import random
+import signal
+import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-__all__ = ["TransformedDataset", "EpochSampler", "ShardSampler", "build_loader", "sample_seed", "seeded_rngs"]
+from ssog.runtime import STOP_SIGNALS
+
+__all__ = [
+    "TransformedDataset", "EpochSampler", "ShardSampler", "StopSafeDataLoader", "build_loader",
+    "leave_stop_signals_to_parent", "sample_seed", "seeded_rngs",
+]
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -103,6 +111,62 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
+def leave_stop_signals_to_parent(worker_id: int = 0) -> None:
+    """A data-loader worker's ``worker_init_fn``: the :data:`~ssog.runtime.STOP_SIGNALS` that
+    reach the worker from anyone but its parent (a scheduler or a shell signalling the whole
+    job or process group, in any order) are left to the parent, which stops at a step boundary
+    and ends its workers itself; a signal from the parent (the loader's shutdown) still acts as
+    it would. Without this, a worker killed a moment before its parent heard the signal made the
+    parent's loader raise ("DataLoader worker ... is killed by signal") wherever the parent
+    was, even in the stop's checkpoint.
+
+    The signals are blocked in the worker (from its birth under :class:`StopSafeDataLoader`) and
+    a thread takes them with ``sigwaitinfo``, which names the sender.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    # A forked worker inherits the run's stop handlers: the default actions come back (torch's
+    # own SIGTERM handler for its workers stays), for the parent's signal to act as on any worker.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    threading.Thread(target=_take_stop_signals, args=(os.getppid(),), name="ssog-stop-signals", daemon=True).start()
+
+
+def _take_stop_signals(parent: int) -> None:
+    """Wait for :data:`~ssog.runtime.STOP_SIGNALS` (blocked in every other thread of the
+    worker). The parent's SIGTERM (a loader's or multiprocessing's shutdown) ends the worker
+    quietly, as torch's own handler for its workers does; another signal of the parent is
+    raised again in this thread, unblocked, to act as it would."""
+    while True:
+        info = signal.sigwaitinfo(STOP_SIGNALS)
+        if info.si_pid == parent:
+            if info.si_signo == signal.SIGTERM:
+                os._exit(0)  # a worker killed by a signal would make the parent's loader complain
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [info.si_signo])
+            signal.pthread_kill(threading.get_ident(), info.si_signo)
+            return
+
+
+class StopSafeDataLoader(DataLoader):
+    """torch's DataLoader whose worker processes leave stop signals to this process
+    (:func:`leave_stop_signals_to_parent`, its ``worker_init_fn``). The signals are blocked in
+    this thread while the workers start, so that a worker has them blocked from its birth: a
+    signal to the whole job as workers start is not lost, nor the end of a worker."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, worker_init_fn=leave_stop_signals_to_parent, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.num_workers == 0 or threading.current_thread() is not threading.main_thread():
+            return super().__iter__()
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super().__iter__()
+        finally:  # a signal that came meanwhile reaches this process's handler now
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def build_loader(
     dataset: Dataset,
     batch_size: int,
@@ -117,10 +181,11 @@ def build_loader(
     """A loader of ``batch_size`` samples per process.
 
     Training loaders shuffle with :class:`EpochSampler` and drop the last partial batch;
-    call ``loader.sampler.set_epoch(epoch, start)`` before each epoch.
+    call ``loader.sampler.set_epoch(epoch, start)`` before each epoch. The workers leave stop
+    signals to this process (:class:`StopSafeDataLoader`).
     """
     sampler = EpochSampler(dataset, world_size, rank, seed) if train else ShardSampler(dataset, world_size, rank)
-    return DataLoader(
+    return StopSafeDataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,

@@ -28,8 +28,9 @@ from timm.data import create_transform
 from ssog.data.data_config import INTERPOLATIONS
 
 __all__ = [
-    "Augmentation", "AUGMENTATIONS", "POSTERIZE_OPS", "NO_AUTO_AUGMENT", "TRAIN_INTERPOLATIONS", "TRANSFORM_SETTINGS",
-    "build_transform", "configure_augmentation", "get_augmentation", "install_posterize", "posterize",
+    "Augmentation", "AUGMENTATIONS", "POSTERIZE_OPS", "NO_AUTO_AUGMENT", "TIMM_TRAIN_DEFAULT", "TRAIN_INTERPOLATIONS",
+    "TRANSFORM_SETTINGS", "build_transform", "configure_augmentation", "get_augmentation", "install_posterize",
+    "posterize",
 ]
 
 #: timm's RandAugment / AutoAugment / AugMix op names (keys of ``NAME_TO_OP``) that posterize.
@@ -102,6 +103,13 @@ AUGMENTATIONS: dict[str, Augmentation] = {
 }
 
 
+#: timm's train.py's training transform with none of its augmentation flags given: a
+#: random-resized crop of 8-100% (aspect 3/4-4/3), flips at 0.5, colour jitter 0.4, a random
+#: bilinear or bicubic filter. The ``none`` level with any :data:`TRANSFORM_SETTINGS` starts
+#: from it, as ``train.py --aa ...`` does, rather than from the evaluation transform.
+TIMM_TRAIN_DEFAULT = Augmentation((0.08, 1.0), 0.5, None, 0.0, 0.0, 0.0, color_jitter=0.4,
+                                  train_interpolation="random")
+
 #: The fields of :class:`Augmentation` a run may set over its level's (``None``: the level's),
 #: named as timm's train.py names them (``--aa``, ``--reprob``, ... set them on the command line).
 TRANSFORM_SETTINGS = ("auto_augment", "re_prob", "scale", "ratio", "hflip", "color_jitter", "train_interpolation")
@@ -122,8 +130,10 @@ def configure_augmentation(level: str, **settings: Any) -> Augmentation:
     level's value) in place of its own: ``scale`` / ``ratio`` as two numbers (area fractions,
     width / height), probabilities in [0, 1], ``auto_augment="none"`` to turn the level's off.
 
-    Raises ValueError naming the setting for a value timm would refuse or misread, and for
-    any setting on the ``none`` level, whose transform is the evaluation one (no crop to change).
+    The ``none`` level (the evaluation transform, with no crop to change) given any setting
+    starts from :data:`TIMM_TRAIN_DEFAULT`, timm's ``train.py`` training transform, as
+    ``train.py --aa ...`` alone does. Raises ValueError naming the setting for a value timm
+    would refuse or misread.
     """
     aug = get_augmentation(level)
     given = {name: value for name, value in settings.items() if value is not None}
@@ -133,9 +143,7 @@ def configure_augmentation(level: str, **settings: Any) -> Augmentation:
     if not given:
         return aug
     if aug.scale is None:
-        raise ValueError(f"augmentation settings {', '.join(given)} change a level's training transform, but augment "
-                         f"is {level!r}: the evaluation transform, with no random crop to change; start from a "
-                         "level, e.g. augment weak (--augment weak: a random-resized crop of 60-100% and flips)")
+        aug = TIMM_TRAIN_DEFAULT
     for name in ("scale", "ratio"):
         if name in given:
             given[name] = _range(name, given[name], upper=1.0 if name == "scale" else math.inf)

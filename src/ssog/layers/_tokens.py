@@ -44,7 +44,9 @@ def square_grid(tokens: int, num_prefix_tokens: int) -> tuple[int, int]:
     if side * side != patches or side == 0:
         raise ValueError(
             f"{tokens} tokens less num_prefix_tokens={num_prefix_tokens} are not a square grid of patches: pass "
-            "grid_size=(Hg, Wg), or build the layer with the model's number of class and register tokens "
-            "(timm's attn_layer=SSoGAttention.configured(num_prefix_tokens=...))"
+            "grid_size=(Hg, Wg); in a timm ViT built with attn_layer=SSoGAttention, call "
+            "ssog.layers.follow_model_grid(model), which takes the grid from each image and the model's number of "
+            "class and register tokens (or build the layer with that number: "
+            "attn_layer=SSoGAttention.configured(num_prefix_tokens=...))"
         )
     return side, side

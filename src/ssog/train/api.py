@@ -12,17 +12,23 @@ from torch.utils.data import Dataset
 
 from ssog.data.custom import CUSTOM_DATASET
 from ssog.runtime import PLOT_EXTRA, check_plotting, is_out_of_memory, torch_settings
-from ssog.train.checkpoint import checkpoint_path, load_checkpoint
+from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig, upgrade_checkpoint_config
-from ssog.train.distributed import DistContext, init_distributed
+from ssog.train.distributed import DistContext, barrier, init_distributed
 from ssog.train.engine import Trainer
 from ssog.train.environment import record_environment
 from ssog.train.logger import logging_backends
-from ssog.train.run_folder import check_output, check_resumable, claim_run_folder, default_output
+from ssog.train.run_folder import (
+    check_output, check_resumable, claim_run_folder, default_output, saved_no_checkpoint,
+)
 from ssog.train.state import RESUME_CHANGES, RESUME_SETTINGS
-from ssog.train.stopping import TrainingOutOfMemory
+from ssog.train.stopping import TrainingInterrupted, TrainingOutOfMemory, signals_stop_at_step_boundary
 
-__all__ = ["train", "apply_resume_changes", "given_datasets", "output_dir"]
+__all__ = ["AUTO_RESUME", "train", "apply_resume_changes", "given_datasets", "output_dir", "start_or_resume"]
+
+#: ``resume=AUTO_RESUME`` (``--resume auto``): resume the run in ``cfg.output`` if it saved a
+#: checkpoint, else start it there.
+AUTO_RESUME = "auto"
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +82,40 @@ def given_datasets(cfg: TrainConfig, train_dataset: Dataset | None, val_dataset:
     return train_dataset, val_dataset
 
 
+def start_or_resume(cfg: TrainConfig) -> tuple[TrainConfig | None, Path | None, dict[str, Any]]:
+    """What ``--resume auto`` does with ``cfg``: ``(None, folder, changes)`` to resume the run
+    in ``cfg.output`` (it saved ``last.safetensors``; ``changes``: the settings of
+    :data:`RESUME_SETTINGS` / :data:`RESUME_CHANGES` that ``cfg`` gives otherwise), else
+    ``(cfg, None, {})`` to start it there (over a run of the folder that saved no checkpoint).
+
+    Raises ValueError without ``cfg.output``, with ``overwrite``, or when the folder's run has
+    other settings than ``cfg`` beyond those a resume may change: a requeued job that runs the
+    same command resumes its run, a changed command is not silently continued as the old run.
+    """
+    if not cfg.output:
+        raise ValueError("--resume auto starts the run in --output or resumes it there: give --output")
+    if cfg.overwrite:
+        raise ValueError("--overwrite starts a new run in place of another; --resume auto continues the run: give one")
+    output = Path(cfg.output)
+    last = output / "last.safetensors"
+    if not last.is_file():
+        if saved_no_checkpoint(output, cfg.field_names()):  # stopped before its first checkpoint: nothing to lose
+            cfg.overwrite = True
+        return cfg, None, {}
+    stored = upgrade_checkpoint_config(read_checkpoint_info(last)["config"])
+    given = cfg.to_dict()
+    if given.get("data_dir") is not None:  # stored resolved
+        given["data_dir"] = str(Path(given["data_dir"]).expanduser().resolve())
+    differ = [key for key in given if key not in ("output", "overwrite") and given[key] != stored.get(key)]
+    changes = {key: given[key] for key in differ if key in RESUME_SETTINGS + RESUME_CHANGES}
+    refused = [key for key in differ if key not in changes]
+    if refused:
+        shown = "; ".join(f"{key}: {stored.get(key)!r} there, {given[key]!r} here" for key in refused[:5])
+        raise ValueError(f"--resume auto: {output} holds a run with other settings ({shown}); resume it with "
+                         f"--resume {output}, or give another --output")
+    return None, output, changes
+
+
 def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
           resume_changes: Mapping[str, Any] | None = None, train_dataset: Dataset | None = None,
           val_dataset: Dataset | None = None) -> dict[str, Any]:
@@ -88,14 +128,24 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
     anything is written). A run trained on them resumes with the same two datasets passed again.
 
     ``resume``: a run folder (or a checkpoint file) to continue; the configuration then
-    comes from the checkpoint, and ``cfg`` must be None. ``resume_changes`` may set the fields
-    of :data:`RESUME_SETTINGS` and :data:`RESUME_CHANGES` on resume. Launch under ``torchrun``
+    comes from the checkpoint, and ``cfg`` must be None. ``resume="auto"``: resume the run in
+    ``cfg.output`` if it saved a checkpoint and has ``cfg``'s settings, else start it
+    (:func:`start_or_resume`): one command for a job's first start and its requeues.
+    ``resume_changes`` may set the fields of :data:`RESUME_SETTINGS` and :data:`RESUME_CHANGES`
+    on resume. Launch under ``torchrun``
     for DDP.
 
     Every setting is checked, and the data and model built, before the run folder is created.
-    Raises :class:`TrainingInterrupted` after SIGINT/SIGTERM and :class:`TrainingDiverged` on a
-    non-finite loss or weights, both with ``last.safetensors`` saved or kept.
+    Raises :class:`TrainingInterrupted` after a stop signal (SIGINT, SIGTERM, SIGUSR1) and
+    :class:`TrainingDiverged` on a non-finite loss or weights, both with ``last.safetensors``
+    saved or kept.
     """
+    if resume == AUTO_RESUME:
+        if cfg is None:
+            raise ValueError("resume='auto' starts or resumes the run of cfg in cfg.output: give cfg")
+        if resume_changes:
+            raise ValueError("resume='auto' takes its settings from cfg, not resume_changes")
+        cfg, resume, resume_changes = start_or_resume(cfg)
     if resume is not None and cfg is not None:
         raise ValueError("--resume continues a run with its saved configuration: give no other config")
     if resume_changes and resume is None:
@@ -133,15 +183,26 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
                                "frozen backbone; give --init-from CKPT to probe a trained one")
         with torch_settings(ctx.device, cfg.threads, cfg.deterministic):
             trainer = _build_trainer(cfg, ctx, output, state, datasets)
-            if ctx.is_main:
-                lock = claim_run_folder(output, cfg.to_dict(), resuming=state is not None, overwrite=cfg.overwrite)
-                record_environment(output, resumed=state is not None)
-                # said once the folder is this run's: a resume refused by another's lock resumed nothing
-                if state is not None:
-                    notes.append(f"resumed at epoch {trainer.progress.epoch + 1}, step {trainer.global_step}")
-                for note in ([lock.note] if lock.note else []) + notes:
-                    logger.info(note)
-            return trainer.run()
+            # From the claim to the folder's release: a stop signal ends the run at a step
+            # boundary, and its repeats (torchrun forwarding it) cannot cut the release short.
+            with signals_stop_at_step_boundary(trainer.stop):
+                try:
+                    if ctx.is_main:
+                        lock = claim_run_folder(output, cfg.to_dict(), resuming=state is not None,
+                                                overwrite=cfg.overwrite)
+                        record_environment(output, resumed=state is not None)
+                        # said once the folder is this run's: a resume refused by another's lock resumed nothing
+                        if state is not None:
+                            notes.append(f"resumed at epoch {trainer.progress.epoch + 1}, step {trainer.global_step}")
+                        for note in ([lock.note] if lock.note else []) + notes:
+                            logger.info(note)
+                    return trainer.run()
+                except TrainingInterrupted:
+                    if lock is not None:
+                        lock.release()
+                        lock = None
+                    barrier(ctx)  # no process ends (and has torchrun stop the others) before the release
+                    raise
     finally:
         if lock is not None:
             lock.release()

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 import ssog.models  # noqa: F401  (registers the ssog models with timm)
 from ssog.models._registry import did_you_mean
 from ssog.data import (
-    DatasetInfo, TransformedDataset, build_datasets, build_loader, build_transform, evaluation_folder,
-    training_subset,
+    DatasetInfo, StopSafeDataLoader, TransformedDataset, build_datasets, build_loader, build_transform,
+    evaluation_folder, training_subset,
 )
 from ssog.data.custom import CUSTOM_DATASET, custom_datasets
 from ssog.data.memory import memory_datasets
@@ -166,7 +166,7 @@ def _eval_loader(dataset, info: DatasetInfo, data_config: dict[str, Any], batch:
     pin_memory = ctx.device.type == "cuda"
     if isinstance(dataset, IterableDataset):  # each reader its shards, once
         _set_stream_transform(dataset, transform, cfg, ctx)
-        return DataLoader(dataset, batch_size=batch, num_workers=cfg.num_workers, pin_memory=pin_memory)
+        return StopSafeDataLoader(dataset, batch_size=batch, num_workers=cfg.num_workers, pin_memory=pin_memory)
     return build_loader(TransformedDataset(dataset, transform), batch, train=False, rank=ctx.rank,
                         world_size=ctx.world_size, num_workers=cfg.num_workers, pin_memory=pin_memory)
 
@@ -189,8 +189,8 @@ def _stream_loader(dataset: IterableDataset, transform, micro_batch: int, cfg: T
     if steps == 0:
         raise ValueError(f"the training stream ({len(dataset)} samples) is smaller than one batch "
                          f"({cfg.batch_size}); lower batch_size")
-    loader = DataLoader(dataset, batch_size=micro_batch, num_workers=cfg.num_workers,
-                        pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(cfg.seed))
+    loader = StopSafeDataLoader(dataset, batch_size=micro_batch, num_workers=cfg.num_workers,
+                                pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(cfg.seed))
     return StreamLoader(loader, steps * cfg.grad_accum_steps, readers)
 
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from ssog.runtime import resolve_device
 
-__all__ = ["DistContext", "PeerStopped", "all_reduce_sum", "barrier", "init_distributed", "is_peer_failure",
-           "peer_stopped_message"]
+__all__ = ["DistContext", "PeerStopped", "agreed_stop", "all_reduce_sum", "barrier", "init_distributed",
+           "is_peer_failure", "peer_stopped_message"]
 
 #: What the collective libraries' errors say when the connection to another process broke:
 #: gloo names its transport's source files (``gloo/transport/tcp/pair.cc``: "Connection reset
@@ -70,6 +70,17 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def agreed_stop(signum: int | None, ctx: DistContext) -> int | None:
+    """The stop signal any process of the run got (``signum``: this one's, None if none), the
+    same in every process, so that all stop at the same step: one small all-reduce (the
+    largest signal number) in a distributed run."""
+    if not ctx.distributed:
+        return signum
+    flag = torch.tensor([signum or 0], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) or None
 
 
 def barrier(ctx: DistContext) -> None:

@@ -6,20 +6,26 @@ produced, timed apart from the loader, which is timed alone. Where a step does n
 memory, the largest micro-batch that does is found and the ``grad_accum_steps`` that keeps the
 global batch is given. The report projects the time per epoch and for the whole schedule.
 
-Nothing is written: no run folder, no download. A CIFAR recipe whose data is not on this
-machine is measured on generated images of its shape (size and classes), and its epoch
-projected for the real training set's size.
+Nothing is written: no run folder, no download. A recipe of a known data set (CIFAR-10,
+CIFAR-100, ImageNet-1k: :data:`KNOWN_SOURCES`, by its ``dataset`` or the name of its data
+folder) whose data is not on this machine is measured on generated images of its shape (size
+and classes), and its epoch projected for the real training set's size. For ``devices``
+processes (``nodes`` x ``--nproc``) the step is measured at the per-device batch and the epoch
+projected for the global one.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+import os
 import resource
+import shlex
 import statistics
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -30,12 +36,22 @@ from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import Trainer
 
-__all__ = ["KNOWN_SOURCES", "dry_run", "format_dry_run"]
+__all__ = ["KNOWN_SOURCES", "dry_run", "format_dry_run", "torchrun_line"]
 
 logger = logging.getLogger(__name__)
 
 #: Classes, training and test images of the sources a dry run can stand in for without their files.
-KNOWN_SOURCES: dict[str, tuple[int, int, int]] = {"cifar10": (10, 50_000, 10_000), "cifar100": (100, 50_000, 10_000)}
+KNOWN_SOURCES: dict[str, tuple[int, int, int]] = {
+    "cifar10": (10, 50_000, 10_000), "cifar100": (100, 50_000, 10_000), "imagenet": (1000, 1_281_167, 50_000)}
+
+
+def _known_source(cfg: TrainConfig) -> str | None:
+    """The :data:`KNOWN_SOURCES` entry ``cfg`` reads: its ``dataset``, or the name of its data
+    folder (an ImageFolder tree in ``data/imagenet`` or ``/tmp/data/cifar100``), else None."""
+    if cfg.dataset in KNOWN_SOURCES:
+        return cfg.dataset
+    name = Path(cfg.data_dir).name.lower() if cfg.data_dir else None
+    return name if name in KNOWN_SOURCES else None
 
 
 def _synchronize(device: torch.device) -> None:
@@ -57,19 +73,20 @@ def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]
     except ModelBuildError:
         raise
     except (ValueError, OSError) as error:
-        if cfg.dataset not in KNOWN_SOURCES:
+        source = _known_source(cfg)
+        if source is None:
             raise ValueError(f"{error} (measure without the data: add --dataset synthetic)") from error
         reason = str(error)
-    classes, train_images, val_images = KNOWN_SOURCES[cfg.dataset]
+    classes, train_images, val_images = KNOWN_SOURCES[source]
     if isinstance(cfg.val_split, (int, float)) and not isinstance(cfg.val_split, bool):
         val_images = int(cfg.val_split if cfg.val_split >= 1 else round(train_images * cfg.val_split))
         train_images -= val_images
     stand_in = dataclasses.replace(cfg, dataset="synthetic", data_dir=None, val_split=None,
                                    synthetic_size=cfg.batch_size, synthetic_classes=classes)
-    logger.warning(f"{cfg.dataset} is not readable here ({reason}); measuring on generated images of its shape "
+    logger.warning(f"{source} is not readable here ({reason}); measuring on generated images of its shape "
                    f"({classes} classes), the epoch projected for its {train_images:,} training images")
     return Trainer(stand_in, ctx, Path(cfg.output or "dry-run")), {
-        "stand_in": cfg.dataset, "train_images": train_images, "val_images": val_images}
+        "stand_in": source, "train_images": train_images, "val_images": val_images}
 
 
 def _time_loader(trainer: Trainer, micro_batches: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], float]:
@@ -154,21 +171,37 @@ def _flops(trainer: Trainer) -> float | None:
         return None
 
 
-def dry_run(cfg: TrainConfig, steps: int = 3) -> dict[str, Any]:
+def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -> dict[str, Any]:
     """Build the run of ``cfg``, time ``steps`` optimizer steps (after one warm-up step) and the
     loader, and project the schedule's time on this device. Writes nothing.
 
+    ``nproc`` processes (devices) on each of ``nnodes`` machines: the step is measured at the
+    per-device batch (``batch_size`` over all devices) and the epoch projected for the global
+    batch, each device evaluating its share; the time of the gradient all-reduce is not in it.
+
     Returns the report: ``params``, ``gflops_per_image`` (forward), ``step_s`` (median) and
-    ``step_s_range``, ``model_images_per_s``, ``loader_images_per_s``, ``peak_memory_bytes``,
-    ``micro_batch`` and ``fits_micro_batch`` (with ``grad_accum_steps_needed`` when smaller),
-    ``eval_s_per_image``, ``steps_per_epoch``, ``epoch_s``, ``schedule_s``, ``epochs``, ...
+    ``step_s_range``, ``model_images_per_s``, ``loader_images_per_s``, ``peak_memory_bytes``
+    (per device), ``micro_batch`` and ``fits_micro_batch`` (with ``grad_accum_steps_needed``
+    when smaller), ``eval_s_per_image``, ``steps_per_epoch``, ``epoch_s``, ``schedule_s``,
+    ``epochs``, ``devices``, ``global_batch``, ``workers_over_cpus``, ...
     """
     if steps < 1:
         raise ValueError(f"--dry-run STEPS must be >= 1, got {steps}")
+    if nproc < 1 or nnodes < 1:
+        raise ValueError(f"--nproc and --nnodes must be >= 1, got {nproc} and {nnodes}")
+    devices, global_batch = nproc * nnodes, cfg.batch_size
+    if global_batch % (devices * cfg.grad_accum_steps):
+        raise ValueError(f"batch_size {global_batch} must be divisible by the {devices} devices (--nproc {nproc} x "
+                         f"--nnodes {nnodes}) x grad_accum_steps {cfg.grad_accum_steps}")
+    cfg = dataclasses.replace(cfg, batch_size=global_batch // devices)  # one device's share
     ctx = init_distributed(cfg.device)
     if ctx.distributed:
-        raise ValueError("--dry-run measures one process: run it without torchrun")
-    with torch_settings(ctx.device, cfg.threads, cfg.deterministic):
+        raise ValueError("--dry-run measures one process: run it without torchrun (--nproc N projects for N)")
+    cpus = os.cpu_count() or 1
+    # torch warns at every loader it starts when num_workers exceeds this machine's CPUs (a
+    # cluster recipe's count measured on a laptop): said once, in the report, instead.
+    with torch_settings(ctx.device, cfg.threads, cfg.deterministic), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
         trainer, data = _build(cfg, ctx)
         accum = trainer.data.grad_accum_steps
         batches, loader_rate = _time_loader(trainer, accum * (steps + 1))
@@ -197,9 +230,10 @@ def dry_run(cfg: TrainConfig, steps: int = 3) -> dict[str, Any]:
     # share its cores (and without workers, loading and steps alternate).
     overlapped = cfg.num_workers and ctx.device.type == "cuda"
     step_with_data = max(step_s, loader_step_s) if overlapped else step_s + loader_step_s
-    steps_per_epoch = trainer.steps_per_epoch if data["stand_in"] is None else data["train_images"] // batch
+    steps_per_epoch = trainer.steps_per_epoch if data["stand_in"] is None and devices == 1 else \
+        data["train_images"] // global_batch
     val_images = data["val_images"]
-    eval_s = val_images * eval_per_image * (2 if trainer.ema is not None else 1)
+    eval_s = math.ceil(val_images / devices) * eval_per_image * (2 if trainer.ema is not None else 1)
     epoch_s = steps_per_epoch * step_with_data + eval_s
     return {
         "model": cfg.model, "dataset": cfg.dataset, "stand_in": data["stand_in"], "img_size": trainer.data.img_size,
@@ -212,7 +246,18 @@ def dry_run(cfg: TrainConfig, steps: int = 3) -> dict[str, Any]:
         "peak_memory_kind": peak_kind, "eval_s_per_image": eval_per_image, "val_images": val_images,
         "train_images": data["train_images"], "steps_per_epoch": steps_per_epoch, "epoch_s": epoch_s,
         "epochs": trainer.num_epochs, "schedule_s": epoch_s * trainer.num_epochs,
+        "devices": devices, "nproc": nproc, "nnodes": nnodes, "global_batch": global_batch,
+        "workers_over_cpus": cfg.num_workers > cpus and cpus, "launch": None,
     }
+
+
+def torchrun_line(train_args: Sequence[str], nproc: int, nnodes: int) -> str:
+    """The command that launches the run a dry run measured: ``ssog train TRAIN_ARGS`` under
+    torchrun on ``nproc`` processes per machine and ``nnodes`` machines (with the rendezvous
+    of several machines to fill in)."""
+    nodes = "--standalone" if nnodes == 1 else \
+        f"--nnodes {nnodes} --rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29500 --rdzv-id RUN_NAME"
+    return f"torchrun {nodes} --nproc-per-node {nproc} -m ssog train {shlex.join(train_args)}".rstrip()
 
 
 def _duration(seconds: float) -> str:
@@ -230,15 +275,18 @@ def format_dry_run(report: dict[str, Any]) -> str:
     flops = "n/a" if r["gflops_per_image"] is None else \
         f"{r['gflops_per_image']:.3g} forward (about {3 * r['gflops_per_image']:.3g} per training image)"
     low, high = r["step_s_range"]
+    devices = "" if r["devices"] == 1 else \
+        f" per device of {r['devices']} ({r['nnodes']} x {r['nproc']}: global batch {r['global_batch']})"
     lines = [
-        f"dry run: {r['model']} on {data}, {r['img_size']} px, batch {r['batch_size']} "
+        f"dry run: {r['model']} on {data}, {r['img_size']} px, batch {r['batch_size']}{devices} "
         f"({r['grad_accum_steps']} x {r['micro_batch']}), amp {r['amp']}, on {r['device']}{threads}",
         f"  parameters       {r['params']:,}",
         f"  GFLOPs / image   {flops}",
         f"  step time        {r['step_s']:.3g} s (median of {r['steps_timed']}, {low:.3g}-{high:.3g})",
         f"  model            {r['model_images_per_s']:.1f} images/s",
-        f"  data loader      {r['loader_images_per_s']:.1f} images/s alone ({r['num_workers']} workers); "
-        f"the {r['bottleneck']} sets the pace",
+        f"  data loader      {r['loader_images_per_s']:.1f} images/s alone ({r['num_workers']} workers"
+        + (f", more than this machine's {r['workers_over_cpus']} CPUs: its rate, not the run's"
+           if r["workers_over_cpus"] else "") + f"); the {r['bottleneck']} sets the pace",
         f"  peak memory      {r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['peak_memory_kind']})",
     ]
     if r["grad_accum_steps_needed"]:
@@ -249,6 +297,10 @@ def format_dry_run(report: dict[str, Any]) -> str:
         f"  evaluation       {1000 * r['eval_s_per_image']:.3g} ms per image, {r['val_images']:,} images per epoch",
         f"  per epoch        {_duration(r['epoch_s'])} ({r['steps_per_epoch']:,} steps of {r['train_images']:,} "
         "training images, evaluation included)",
-        f"  whole schedule   {_duration(r['schedule_s'])} ({r['epochs']} epochs)",
+        f"  whole schedule   {_duration(r['schedule_s'])} ({r['epochs']} epochs"
+        + (f", on each of {r['devices']} devices, the gradient all-reduce not included" if r["devices"] > 1 else "")
+        + ")",
     ]
+    if r["launch"]:
+        lines.append(f"  launch           {r['launch']}")
     return "\n".join(lines)

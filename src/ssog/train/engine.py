@@ -13,8 +13,9 @@ process's python/numpy/torch RNG state (:mod:`ssog.train.state`), so with ``dete
 a CPU a resumed run ends with exactly the metrics of an uninterrupted one (unless ``lr`` or
 ``epochs`` are changed on resume, see :data:`~ssog.train.state.RESUME_CHANGES`).
 
-A run stops cleanly (:mod:`ssog.train.stopping`): on SIGINT/SIGTERM it finishes the step,
-saves ``last`` and raises :class:`TrainingInterrupted`; a non-finite loss or weights raise
+A run stops cleanly (:mod:`ssog.train.stopping`): on SIGINT, SIGTERM or SIGUSR1 reaching any
+of its processes or loader workers, in any order, it finishes the step, saves ``last`` and
+raises :class:`TrainingInterrupted`; a non-finite loss or weights raise
 :class:`TrainingDiverged` and ``last`` keeps the last finite state (docs/training.md, "When a
 run stops"). The library entry that checks the settings and claims the folder is
 :func:`ssog.train.api.train`.
@@ -45,13 +46,15 @@ from ssog.runtime import autocast, cpu_seconds, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
 from ssog.train.checkpoint import MODEL_KEY, check_state_dict, save_checkpoints
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
-from ssog.train.distributed import DistContext, PeerStopped, all_reduce_sum, is_peer_failure, peer_stopped_message
+from ssog.train.distributed import (
+    DistContext, PeerStopped, agreed_stop, all_reduce_sum, barrier, is_peer_failure, peer_stopped_message,
+)
 from ssog.train.logger import RunLogger, progress_bar
 from ssog.train.metrics import GradNormMeter, evaluate
 from ssog.train.state import RESUME_CHANGES, Progress, gather_rng_states, seed_all, set_rng_state
 from ssog.train.stopping import (
     StopRequest, TrainingDiverged, TrainingInterrupted, TrainingOutOfMemory, diverged_message, interrupted_message,
-    resumable_message, signals_stop_at_step_boundary,
+    resumable_message,
 )
 from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
 
@@ -201,21 +204,27 @@ class Trainer:
                                                 self.global_step + 1, self.cfg.lr, self.cfg.clip_grad))
 
     def _stop_if_asked(self) -> None:
-        """At a step boundary, after a SIGINT/SIGTERM: save (one process) and stop."""
-        if self.stop.signum is None:
+        """At a step boundary, after a stop signal reached any process of the run: save ``last``
+        here (every process takes part, the main one writes, the others wait for it) and stop."""
+        signum = agreed_stop(self.stop.signum, self.ctx)
+        if signum is None:
             return
         position = self.progress.position()
-        if not self.ctx.distributed and self.saved_at != position:
+        if self.saved_at != position:
             self.save_last()
-        # Several processes could not agree on one step to save without a collective per
-        # step, so a distributed run keeps its newest checkpoint.
-        raise TrainingInterrupted(interrupted_message(self.output, self.saved_at, position), self.stop.signum)
+        barrier(self.ctx)
+        raise TrainingInterrupted(interrupted_message(self.output, self.saved_at, position), signum)
 
     def _best_state(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``best.safetensors``: its model weights are the ones that earned "best", the EMA's
+        when the EMA's Acc@1 chose it (``"weights": "ema"``), so that any reader of the model
+        weights (timm's ``create_model(checkpoint_path=...)``, ``ssog eval``, ``--init-from``)
+        gets them, as timm's ``load_checkpoint`` prefers a checkpoint's EMA."""
+        weights = self.ema.module if self.ema is not None else self.model
         return {
             "kind": "best", "config": self.cfg.to_dict(), "classes": list(self.data.info.classes),
-            "data_config": self.data.data_config, MODEL_KEY: self.model.state_dict(),
-            "ema": self.ema.module.state_dict() if self.ema else None,
+            "data_config": self.data.data_config, MODEL_KEY: weights.state_dict(),
+            "weights": "ema" if self.ema is not None else "model",
             "progress": {"epoch": self.progress.epoch, "global_step": self.global_step}, "metrics": metrics,
         }
 
@@ -355,9 +364,9 @@ class Trainer:
                 if progress.step_in_epoch == self.steps_per_epoch or self.at_step_limit():
                     break  # micro-batches short of a whole step are left for the next epoch's shuffle
         except RuntimeError as error:
-            # A terminal's Ctrl-C also reaches the loader's workers, which then exit: the
-            # loader's complaint about that is the interruption, not an error. (torchrun's
-            # SIGTERM after another process stopped is not: run() reports that process.)
+            # A loader whose workers died once a stop was asked (workers of a loader built
+            # elsewhere, which do not leave the signal to this process): the interruption, not an
+            # error. (torchrun's SIGTERM after another process stopped is not: run() reports that.)
             if self.stop.signum is None or is_peer_failure(error, self.ctx):
                 raise
             self._stop_if_asked()
@@ -390,27 +399,28 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Train to the schedule's end (``cfg.epochs``, plus ``cooldown_epochs``; from where a
-        resumed state left off) in the existing run folder."""
+        resumed state left off) in the existing run folder. A stop signal stops it at a step
+        boundary inside :func:`~ssog.train.stopping.signals_stop_at_step_boundary` on
+        :attr:`stop` (which :func:`ssog.train.api.train` holds until the folder is released)."""
         cfg = self.cfg
         if self.main:
             self.run_log = RunLogger(self.output, cfg.to_dict(), cfg.tensorboard, cfg.wandb_project,
                                     resumed_at=self.global_step if self.resumed else None)
-        with signals_stop_at_step_boundary(self.stop):
-            try:
-                return self._run()
-            except WriteError as error:  # a full disk: one line, the run resumable
-                raise WriteError(error.errno, f"{error}; {resumable_message(self.output, self.saved_at)}") \
-                    from error
-            except (RuntimeError, MemoryError) as error:
-                if is_peer_failure(error, self.ctx):  # a collective found another process gone: one line
-                    raise PeerStopped(f"{peer_stopped_message(self.ctx)}; "
-                                      f"{resumable_message(self.output, self.saved_at)}") from None
-                if not is_out_of_memory(error):
-                    raise
-                raise TrainingOutOfMemory(
-                    f"out of memory on {self.ctx.device} at epoch {self.progress.epoch + 1} step "
-                    f"{self.global_step + 1} ({cfg.model}, batch {cfg.batch_size}, {self.data.img_size}px); "
-                    f"{resumable_message(self.output, self.saved_at)}") from None
+        try:
+            return self._run()
+        except WriteError as error:  # a full disk: one line, the run resumable
+            raise WriteError(error.errno, f"{error}; {resumable_message(self.output, self.saved_at)}") \
+                from error
+        except (RuntimeError, MemoryError) as error:
+            if is_peer_failure(error, self.ctx):  # a collective found another process gone: one line
+                raise PeerStopped(f"{peer_stopped_message(self.ctx)}; "
+                                  f"{resumable_message(self.output, self.saved_at)}") from None
+            if not is_out_of_memory(error):
+                raise
+            raise TrainingOutOfMemory(
+                f"out of memory on {self.ctx.device} at epoch {self.progress.epoch + 1} step "
+                f"{self.global_step + 1} ({cfg.model}, batch {cfg.batch_size}, {self.data.img_size}px); "
+                f"{resumable_message(self.output, self.saved_at)}") from None
 
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg

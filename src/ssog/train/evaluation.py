@@ -8,7 +8,6 @@ from typing import Any, Iterator
 from timm.data import resolve_model_data_config
 
 from ssog.data.folder import class_difference
-from ssog.layers import ssog_mixers
 from ssog.runtime import is_out_of_memory, torch_settings
 from ssog.train.builders import build_eval_data
 from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
@@ -16,7 +15,7 @@ from ssog.train.config import TrainConfig, data_source_from_overrides, upgrade_c
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.logger import progress_bar
 from ssog.train.metrics import evaluate
-from ssog.train.transfer import model_from_checkpoint, set_input_size
+from ssog.train.transfer import model_from_checkpoint, move_to_input_size
 
 __all__ = ["evaluate_checkpoint"]
 
@@ -84,16 +83,9 @@ def evaluate_checkpoint(
         raise ValueError(f"checkpoint {path} classifies {model.num_classes} classes of {in_chans}-channel "
                          f"images; the data has {info.num_classes} classes, {info.in_chans} channels")
     _check_patch_size(model, img_size, patch_size)
-    # Move from the trained size to the new one the way timm resamples.
-    ratio = 1.0
-    new_grid = img_size is not None or patch_size is not None
-    if rescale_kernels and not new_grid:
-        raise ValueError("--rescale-kernels needs --img-size or --patch-size (a new grid to rescale to)")
-    if rescale_kernels is None:
-        rescale_kernels = new_grid and bool(ssog_mixers(model))
     with _out_of_memory_named(cfg, ctx, info.native_size):
-        if img_size is not None or patch_size is not None:
-            ratio = set_input_size(model, img_size, patch_size, rescale_kernels)
+        # from the trained size to the new one the way timm resamples (and ssog export does)
+        ratio, rescale_kernels = move_to_input_size(model, img_size, patch_size, rescale_kernels)
         model.to(ctx.device)
         bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
         with torch_settings(ctx.device, cfg.threads, cfg.deterministic):

@@ -19,7 +19,7 @@ from ssog.files import FolderLock, is_temporary, write_atomic
 
 __all__ = [
     "CONFIG_HEADER", "RUN_FILES", "RUN_MARKER", "check_output", "check_resumable", "claim_run_folder",
-    "default_output", "is_run_config",
+    "default_output", "is_run_config", "saved_no_checkpoint",
 ]
 
 #: A file every run writes in its folder with its ``config.yaml``: the folder's
@@ -63,12 +63,12 @@ def is_run_config(path: Path, config_fields: Collection[str] = ()) -> bool:
             and values.get("output") is not None and Path(values["output"]).resolve() == path.parent.resolve())
 
 
-#: Why a run folder in which :func:`_saved_no_checkpoint` finds no checkpoint cannot be resumed.
+#: Why a run folder in which :func:`saved_no_checkpoint` finds no checkpoint cannot be resumed.
 _NO_CHECKPOINT = ("that run saved no checkpoint (last.safetensors is written at every epoch's end, and every "
                   "--checkpoint-every N optimizer steps)")
 
 
-def _saved_no_checkpoint(run: Path, config_fields: Collection[str] = ()) -> bool:
+def saved_no_checkpoint(run: Path, config_fields: Collection[str] = ()) -> bool:
     """Whether ``run`` holds a run (its ``config.yaml`` is a run's) that has neither
     ``last.safetensors`` nor ``summary.json``: stopped, or still running, before its first checkpoint."""
     config = run / "config.yaml"
@@ -78,7 +78,7 @@ def _saved_no_checkpoint(run: Path, config_fields: Collection[str] = ()) -> bool
 
 def check_resumable(run: Path) -> None:
     """Raise ValueError when ``run`` holds a run that saved no checkpoint yet, saying how to start it again."""
-    if _saved_no_checkpoint(run):
+    if saved_no_checkpoint(run):
         raise ValueError(f"--resume {run}: {_NO_CHECKPOINT}, so there is nothing to resume (if it still runs, its "
                          f"first checkpoint is to come); start it again with --config {run / 'config.yaml'} "
                          f"--output {run} --overwrite")
@@ -102,7 +102,7 @@ def check_output(output: Path, resuming: bool, overwrite: bool = False, config_f
         if found and not overwrite:
             if "last.safetensors" in found:
                 hint = f"continue it with --resume {output}, "
-            elif _saved_no_checkpoint(output, config_fields):
+            elif saved_no_checkpoint(output, config_fields):
                 hint = f"{_NO_CHECKPOINT}, so it cannot be resumed; "
             else:
                 hint = ""

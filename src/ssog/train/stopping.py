@@ -1,17 +1,20 @@
 """How a run stops: the three ways it ends early (its exceptions and their one-line messages)
-and SIGINT/SIGTERM turned into a stop at the next step boundary (docs/training.md, "When a
-run stops")."""
+and the stop signals (SIGINT, SIGTERM, SIGUSR1: :data:`~ssog.runtime.STOP_SIGNALS`) turned
+into a stop at the next step boundary (docs/training.md, "When a run stops")."""
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ssog.runtime import STOP_SIGNALS
+
 __all__ = [
-    "StopRequest", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory", "diverged_message",
-    "interrupted_message", "resumable_message", "signals_stop_at_step_boundary",
+    "REPEAT_WINDOW_S", "StopRequest", "TrainingDiverged", "TrainingInterrupted", "TrainingOutOfMemory",
+    "diverged_message", "interrupted_message", "resumable_message", "signals_stop_at_step_boundary",
 ]
 
 class TrainingDiverged(FloatingPointError):
@@ -23,34 +26,46 @@ class TrainingOutOfMemory(MemoryError):
 
 
 class TrainingInterrupted(Exception):
-    """SIGINT/SIGTERM stopped the run at a step boundary; ``signum`` is the signal."""
+    """A stop signal stopped the run at a step boundary; ``signum`` is the signal (the command
+    line exits with ``128 + signum``: 130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1)."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = signum
 
 
+#: Seconds after the first stop signal in which another one is the same request: schedulers and
+#: shells signal every process of a job, and torchrun forwards what it got to its processes,
+#: so one stop can reach a process twice.
+REPEAT_WINDOW_S = 2.0
+
+
 class StopRequest:
-    """The signal that asked the run to stop at the next step boundary (``signum``, None until one came)."""
+    """The signal that asked the run to stop at the next step boundary (``signum``, None until
+    one came) and when it came (``time.monotonic()``)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.time = 0.0
 
 
 @contextmanager
 def signals_stop_at_step_boundary(request: StopRequest) -> Iterator[None]:
-    """In the block, SIGINT/SIGTERM set ``request.signum``; a second one stops at once
-    (KeyboardInterrupt). Off the main thread, where handlers cannot be installed, nothing changes."""
+    """In the block, the :data:`~ssog.runtime.STOP_SIGNALS` set ``request.signum`` (the first
+    one's). A SIGINT more than :data:`REPEAT_WINDOW_S` after the first signal stops at once
+    (KeyboardInterrupt: Ctrl-C pressed again); any other repeat is the same request. Off the
+    main thread, where handlers cannot be installed, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if request.signum is not None:
+        if request.signum is None:
+            request.signum, request.time = signum, time.monotonic()
+        elif signum == signal.SIGINT and time.monotonic() - request.time > REPEAT_WINDOW_S:
             raise KeyboardInterrupt
-        request.signum = signum
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

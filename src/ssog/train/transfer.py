@@ -20,7 +20,7 @@ from ssog.train.config import TIMM_INIT_PREFIX
 
 __all__ = [
     "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
-    "set_input_size", "model_from_checkpoint", "save_for_hf", "save_run_for_hf",
+    "set_input_size", "model_from_checkpoint", "move_to_input_size", "save_for_hf", "save_run_for_hf",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,16 +45,18 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
     """``(state_dict, training config or None)`` from an ssog checkpoint or a plain weight file.
 
     Plain files (safetensors, or torch files holding a state dict) go through timm's loader.
-    ``ema=True`` takes an ssog checkpoint's EMA weights.
+    ``ema=True`` takes an ssog checkpoint's EMA weights (a ``best.safetensors`` chosen by the
+    EMA holds them as its model weights).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
     if _is_ssog_checkpoint(path):
-        state = load_checkpoint(path, only=(MODEL_KEY, "ema", "config"))
-        if ema and state.get("ema") is None:
+        state = load_checkpoint(path, only=(MODEL_KEY, "ema", "config", "weights"))
+        ema_weights = state[MODEL_KEY] if state.get("weights") == "ema" else state.get("ema")
+        if ema and ema_weights is None:
             raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
-        weights, config = state["ema" if ema else MODEL_KEY], state.get("config")
+        weights, config = ema_weights if ema else state[MODEL_KEY], state.get("config")
     elif ema:
         raise ValueError(f"{path} is a plain weight file: it has no separate EMA weights")
     else:
@@ -159,6 +161,23 @@ def set_input_size(model: torch.nn.Module, img_size: int | None = None, patch_si
                          patch_size=None if patch_size is None else (patch_size, patch_size),
                          **({"rescale_kernels": True} if rescale_kernels else {}))
     return model.patch_embed.grid_size[0] / old_grid[0]
+
+
+def move_to_input_size(model: torch.nn.Module, img_size: int | None = None, patch_size: int | None = None,
+                       rescale_kernels: bool | None = None) -> tuple[float, bool]:
+    """Move ``model`` to another image and/or patch size as ``ssog eval`` and ``ssog export`` do
+    (:func:`set_input_size`): SSoG kernels rescaled by the grid ratio unless ``rescale_kernels``
+    is False (None, the default: rescaled for a model with SSoG mixers, so each Gaussian keeps
+    covering the image area it was trained on). Returns ``(grid ratio, whether rescaled)``;
+    ``(1.0, False)`` with neither size given."""
+    new_grid = img_size is not None or patch_size is not None
+    if rescale_kernels and not new_grid:
+        raise ValueError("--rescale-kernels needs --img-size or --patch-size (a new grid to rescale to)")
+    if not new_grid:
+        return 1.0, False
+    if rescale_kernels is None:
+        rescale_kernels = bool(ssog_mixers(model))
+    return set_input_size(model, img_size, patch_size, rescale_kernels), rescale_kernels
 
 
 def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Module:
