@@ -424,14 +424,14 @@ def test_eval_output_never_replaces_a_file_unasked_nor_leaves_a_partial_one(one_
 
     from ssog import files
 
-    summary = one_epoch_run / "summary.json"
-    before = summary.read_text()
-    args = ["eval", "--checkpoint", str(one_epoch_run), "--output", str(summary)]
+    earlier = one_epoch_run.parent / "earlier.json"
+    earlier.write_text("{}")
+    args = ["eval", "--checkpoint", str(one_epoch_run), "--output", str(earlier)]
     assert main(args) == 2
-    assert f"{summary} already exists (--output); pass --overwrite" in _error_line(capsys, "eval")
-    assert summary.read_text() == before
+    assert f"{earlier} already exists (--output); pass --overwrite" in _error_line(capsys, "eval")
+    assert earlier.read_text() == "{}"
     assert main([*args, "--overwrite"]) == 0
-    assert json.loads(summary.read_text())["checkpoint"] == str(one_epoch_run / "best.safetensors")
+    assert json.loads(earlier.read_text())["checkpoint"] == str(one_epoch_run / "best.safetensors")
 
     def full(path, mode="r", *rest, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -612,3 +612,100 @@ def test_an_impossible_image_size_is_one_line_or_an_oom_point(one_epoch_run, tmp
                  "--no-plots", "--output", str(tmp_path / "bench")]) == 0
     rows = json.loads((tmp_path / "bench" / "results.json").read_text())["rows"]
     assert [(row["resolution"], row["status"]) for row in rows] == [(8, "ok")] * 2 + [(1000000, "oom")] * 2
+
+
+# ================================================================ fourth round (issue 45)
+# ---------------------------------------------------------------- files owned by a run
+@pytest.mark.parametrize("name, message", [
+    ("best.safetensors", "is the file this command reads"),
+    ("summary.json", "is a file of the run in {run}, which is never replaced"),
+    ("config.yaml", "is a file of the run in {run}, which is never replaced"),
+    ("tensorboard/events.json", "is a file of the run in {run}, which is never replaced"),
+])
+def test_eval_never_writes_over_a_file_the_run_owns_or_reads(name, message, one_epoch_run, capsys):
+    owned = one_epoch_run / name
+    before = owned.read_bytes() if owned.exists() else None
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(owned), "--overwrite"]) == 2
+    assert f"--output {owned} {message.format(run=one_epoch_run)}" in _error_line(capsys, "eval")
+    assert (owned.read_bytes() if owned.exists() else None) == before
+    copy = one_epoch_run.parent / "copy.safetensors"
+    copy.write_bytes((one_epoch_run / "best.safetensors").read_bytes())
+    assert main(["eval", "--checkpoint", str(copy), "--output", str(copy), "--overwrite"]) == 2
+    assert f"--output {copy} is the file this command reads" in _error_line(capsys, "eval")
+    assert copy.read_bytes() == (one_epoch_run / "best.safetensors").read_bytes()
+
+
+def test_export_never_writes_over_the_checkpoint_it_reads(one_epoch_run, capsys):
+    best = one_epoch_run / "best.safetensors"
+    before = best.read_bytes()
+    assert main(["export", "--checkpoint", str(one_epoch_run), "--output", str(best), "--overwrite"]) == 2
+    assert f"--output {best} is the file this command reads" in _error_line(capsys, "export")
+    assert main(["export", "--checkpoint", str(one_epoch_run), "--output", " "]) == 2
+    assert "--output is empty" in _error_line(capsys, "export")
+    assert best.read_bytes() == before
+
+
+def test_the_dry_run_report_refuses_an_existing_file_unless_overwrite(tmp_path, monkeypatch, capsys, tiny_config):
+    from ssog.train import dry_run
+
+    monkeypatch.chdir(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's notes")
+    args = ["train", *_synthetic_args(tiny_config, tmp_path / "run"), "--dry-run", "1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(dry_run, "dry_run", lambda *a, **k: pytest.fail("measured before refusing"))
+        assert main([*args, "--dry-run-report", str(notes)]) == 2
+        assert f"{notes} already exists (--dry-run-report); pass --overwrite to replace, or choose another " \
+               "--dry-run-report" in _error_line(capsys)
+        assert main([*args, "--dry-run-report", ""]) == 2
+        assert "--dry-run-report is empty" in _error_line(capsys)
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text("epochs: 1\n")
+        assert main([*args, "--config", str(recipe), "--dry-run-report", str(recipe), "--overwrite"]) == 2
+        assert f"--dry-run-report {recipe} is the file this command reads" in _error_line(capsys)
+        assert recipe.read_text() == "epochs: 1\n"
+    assert notes.read_text() == "the user's notes"
+    assert main([*args, "--dry-run-report", str(notes), "--overwrite"]) == 0
+    assert json.loads(notes.read_text())["steps_timed"] == 1
+
+
+def test_a_run_whose_folder_is_removed_stops_without_recreating_it(tmp_path, monkeypatch, capsys, tiny_config):
+    import shutil
+
+    from ssog.train.engine import Trainer
+
+    run = tmp_path / "run"
+    end_epoch = Trainer._end_epoch
+
+    def removed(self):
+        shutil.rmtree(run)
+        return end_epoch(self)
+
+    monkeypatch.setattr(Trainer, "_end_epoch", removed)
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert f"the run folder {run} (or its lock .ssog-run.lock) was removed while the run trained; stopped without " \
+           "writing there" in _error_line(capsys)
+    assert not run.exists()
+
+
+def test_a_full_disk_while_claiming_leaves_no_lock(tmp_path, monkeypatch, capsys, tiny_config):
+    import errno
+    import os
+
+    from ssog import files
+
+    run = tmp_path / "run"
+    run.mkdir()
+    real_write = os.write
+
+    def full(descriptor, data):
+        if b'"what": "training run"' in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(descriptor, data)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "write", full)
+        assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+        assert f"cannot write the run folder {run}: No space left on device" in _error_line(capsys)
+    assert list(run.iterdir()) == []
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 0

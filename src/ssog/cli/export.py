@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--hub-id names the hub repository in the model card of --format hf; an ONNX file has none")
     from ssog.export import MIN_PATCHES, ExportMismatch, export_onnx, missing_export_packages
     from ssog.files import refuse_existing
+    from ssog.train.run_folder import refuse_run_file
 
+    if not args.output.strip():
+        raise ValueError("--output is empty: give the .onnx file to write")
+    refuse_run_file(args.output, "--output", reading=[_checkpoint_file(args.checkpoint)] if args.checkpoint else [])
     if not args.overwrite:
         refuse_existing([args.output], "--output")
     missing = missing_export_packages()
@@ -107,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
               f"{result['verified_batch_size']} at {sizes} matches PyTorch "
               f"(max |diff| {result['max_abs_diff']:.2e} <= {args.atol:g})")
     return 0
+
+
+def _checkpoint_file(checkpoint: str) -> str:
+    """The file ``--checkpoint`` reads (a run folder's best)."""
+    from ssog.train.checkpoint import checkpoint_path
+
+    return str(checkpoint_path(checkpoint, "best"))
 
 
 def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:

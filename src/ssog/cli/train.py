@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="build everything, time STEPS optimizer steps (default 3) at the recipe's batch and "
                              "the data loader alone, print parameters, GFLOPs, step time, images/s, peak memory "
                              "and the projected time per epoch and for the schedule; writes nothing")
-    parser.add_argument("--dry-run-report", metavar="FILE", help="with --dry-run: also write the report as JSON")
+    parser.add_argument("--dry-run-report", metavar="FILE",
+                        help="with --dry-run: also write the report as JSON (an existing FILE is refused unless "
+                             "--overwrite)")
     parser.set_defaults(func=run)
 
 
@@ -83,16 +85,22 @@ def _output(args: argparse.Namespace) -> str | None:
 
 
 def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
-    from ssog.files import write_atomic
+    from ssog.files import refuse_existing, write_atomic
     from ssog.train import resolve_config
     from ssog.train.dry_run import dry_run, format_dry_run
-    from ssog.train.run_folder import check_output
+    from ssog.train.run_folder import check_output, refuse_run_file
 
     if args.dry_run is None:
         raise ValueError("--dry-run-report FILE goes with --dry-run")
     if args.resume:
         raise ValueError("--dry-run measures a new run's recipe; --resume continues a run: give one")
     cfg = fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks)
+    if args.dry_run_report is not None:  # before the measurement, not after it
+        if not args.dry_run_report.strip():
+            raise ValueError("--dry-run-report is empty: give the JSON file to write the report to")
+        refuse_run_file(args.dry_run_report, "--dry-run-report", reading=[args.config] if args.config else [])
+        if not cfg.overwrite:
+            refuse_existing([args.dry_run_report], "--dry-run-report", option="--dry-run-report")
     report = dry_run(cfg, steps=args.dry_run)
     print(format_dry_run(report))
     if cfg.output:  # what the real run would refuse at its start, said by the dry run already
@@ -101,5 +109,5 @@ def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
         except ValueError as error:
             print(f"note: the run itself would stop before training: {error}")
     if args.dry_run_report:
-        write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n")
+        write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n", overwrite=cfg.overwrite)
     return 0
