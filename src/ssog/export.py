@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from .files import refuse_existing, replacing
 
 __all__ = [
     "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "dynamic_image_shapes", "export_onnx",
-    "missing_export_packages", "model_card", "run_summary", "verify_onnx",
+    "check_hub_id", "missing_export_packages", "model_card", "run_summary", "verify_onnx",
 ]
 
 
@@ -195,12 +197,48 @@ FAMILY_NAMES = {
 MIXER_NAMES = {"mha": "multi-head self-attention", "ssog": "SSoG token mixing (separable sum of Gaussians)"}
 
 
+#: The ``summary.json`` entries the model card reads, and their types.
+_SUMMARY_NUMBERS = ("acc1", "acc3", "acc5", "loss", "best_acc1")
+_SUMMARY_COUNTS = ("epochs", "best_epoch")
+#: A Hugging Face hub repository: ``USER/REPO``, each letters, digits and ``- _ .``.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+
+
+def check_hub_id(hub_id: str) -> str:
+    """``hub_id`` if it names a hub repository (``USER/REPO``), else a ValueError naming ``--hub-id``."""
+    if not _HUB_ID.fullmatch(hub_id) or ".." in hub_id or "--" in hub_id:
+        raise ValueError(f"--hub-id must be a hub repository USER/REPO (letters, digits and - _ .), got {hub_id!r}")
+    return hub_id
+
+
 def run_summary(checkpoint: str | Path) -> dict[str, Any] | None:
     """The ``summary.json`` of the run that wrote ``checkpoint`` (a run folder, or a checkpoint
-    file in one), or ``None`` when there is none (a run stopped before its end)."""
+    file in one), or ``None`` when there is none (a run stopped before its end). A file that is
+    not a run's summary (not JSON, an entry the card reads missing or of another type, a dataset
+    that is not a source's name) is a ValueError naming it."""
+    from .data.info import check_dataset_name
+
     path = Path(checkpoint)
-    summary = (path if path.is_dir() else path.parent) / "summary.json"
-    return json.loads(summary.read_text()) if summary.is_file() else None
+    file = (path if path.is_dir() else path.parent) / "summary.json"
+    if not file.is_file():
+        return None
+    try:
+        summary = json.loads(file.read_text())
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{file} is not a run's summary: not readable JSON ({type(error).__name__})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{file} is not a run's summary: a {type(summary).__name__}, not a mapping")
+    for key in (*_SUMMARY_NUMBERS, *_SUMMARY_COUNTS, "dataset"):
+        if key not in summary:
+            raise ValueError(f"{file} is not a run's summary: it has no {key!r}")
+    for key in _SUMMARY_NUMBERS:
+        if isinstance(summary[key], bool) or not isinstance(summary[key], (int, float)):
+            raise ValueError(f"{file}: {key} must be a number, got {summary[key]!r}")
+    for key in _SUMMARY_COUNTS:
+        if isinstance(summary[key], bool) or not isinstance(summary[key], int):
+            raise ValueError(f"{file}: {key} must be a whole number, got {summary[key]!r}")
+    check_dataset_name(summary["dataset"], f"{file}: dataset")
+    return summary
 
 
 def model_card(
@@ -252,10 +290,38 @@ def model_card(
         "description": f"{name}: an image classifier of the ssog library, in timm's format. "
                        "It takes any image size divisible by its patch (the position embedding is resampled).",
         "details": details,
-        "usage": _usage(hub_id or "USER/REPO"),
+        "usage": _usage(check_hub_id(hub_id) if hub_id else "USER/REPO"),
         "citation": [_paper_bibtex(), _library_bibtex()],
     }
-    return generate_readme(card, name)
+    body = {key: value for key, value in card.items() if key != "license"}  # the header is written apart
+    return _front_matter(card) + _body(generate_readme(body, name))
+
+
+def _front_matter(card: dict[str, Any]) -> str:
+    """The card's YAML header, the fields timm's ``generate_readme`` writes, written by a YAML
+    dumper: a value is data, never more YAML."""
+    header = {"tags": card["tags"], "pipeline_tag": "image-classification", "library_name": card["library_name"],
+              "license": str(card["license"])}
+    if "Dataset" in card["details"]:
+        header["datasets"] = [card["details"]["Dataset"].lower()]
+    return "---\n" + yaml.dump(header, Dumper=_OneLineDumper, sort_keys=False, allow_unicode=True,
+                               width=float("inf")) + "---\n"
+
+
+class _OneLineDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper writing every value on one line: a string holding a line break
+    double-quoted with escapes, so no line of the header is ever a value's (a ``---`` or a key)."""
+
+
+_OneLineDumper.add_representer(
+    str, lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style='"' if any(c in value for c in "\n\r\x85\u2028\u2029") else None))
+
+
+def _body(readme: str) -> str:
+    """``generate_readme``'s card without its header: the text after the second ``---`` line
+    (its header's values are one line each: constants and a dataset's name, :func:`run_summary`)."""
+    return readme[readme.index("\n---\n") + len("\n---\n"):]
 
 
 def _model_stats(model: nn.Module) -> dict[str, str]:

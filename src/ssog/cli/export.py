@@ -143,6 +143,10 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.overwrite:  # said, not ignored: a folder of the user's is never replaced
         raise ValueError("--overwrite replaces an .onnx file; --format hf writes a new folder and never replaces "
                          "one: choose a new --output")
+    if args.hub_id is not None:
+        from ssog.export import check_hub_id
+
+        check_hub_id(args.hub_id)  # before the work
     if args.img_size is not None or args.dynamic_size:
         raise ValueError("--img-size and --dynamic-size shape an ONNX file; --format hf writes the weights, which "
                          "take any size divisible by the patch")

@@ -362,6 +362,7 @@ def _split_urls(root: str, split: str) -> tuple[list[str], int | None, int | Non
         if not isinstance(entry, dict) or not isinstance(entry.get("filenames"), list):
             raise ValueError(f"WebDataset {root}: split {split!r} of {path} has no list of 'filenames'")
         names, num_samples, listing = list(entry["filenames"]), entry.get("num_samples"), str(path)
+        _check_listed_shards(names, root, split, path)
         lengths = entry.get("shard_lengths")
         held = sum(lengths) if isinstance(lengths, list) and len(lengths) == len(names) else None
     urls = [name if "://" in name or name.startswith(("/", "pipe:")) else str(Path(root) / name) for name in names]
@@ -370,6 +371,24 @@ def _split_urls(root: str, split: str) -> tuple[list[str], int | None, int | Non
         raise ValueError(f"WebDataset {root}: {len(missing)} of the {len(urls)} shards of split {split!r} are "
                          f"missing: {shown_names(missing, 3)} (listed by {listing})")
     return urls, num_samples, held, info
+
+
+def _check_listed_shards(names: list[Any], root: str, split: str, path: Path) -> None:
+    """Raise ValueError unless every shard ``_info.json`` (``path``) lists for ``split`` is a file
+    name inside the data folder ``root``: a file there is data, and never makes ssog read a file
+    elsewhere, a URL or a ``pipe:`` command (those the user names in the split's pattern only)."""
+    folder = Path(root).resolve()
+    for name in names:
+        inside = isinstance(name, str) and _is_local(name) and not Path(name).is_absolute()
+        if inside:
+            try:
+                (folder / name).resolve().relative_to(folder)
+            except ValueError:
+                inside = False
+        if not inside:
+            raise ValueError(f"WebDataset {root}: split {split!r} of {path} lists the shard {name!r}, which is not "
+                             f"inside {root}; shards listed in _info.json must be files of the data folder (give "
+                             f"others as the split's pattern, {_SHARDS_SYNTAX})")
 
 
 def _stream(name: str, root: str | None, split: str, train: bool, options: Mapping[str, Any],

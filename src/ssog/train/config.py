@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ssog.data.data_config import INTERPOLATIONS
+from ssog.data.info import check_dataset_name
 from ssog.data.transforms import TRANSFORM_SETTINGS, Augmentation, configure_augmentation
 from ssog.train.recipes import load_recipe, merge_settings
 from ssog.train.run_folder import is_run_config
@@ -234,6 +235,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad training config: {message}")
+        check_dataset_name(self.dataset, "bad training config: dataset (--dataset)")
         self.augmentation()  # the level and its transform settings
 
     def augmentation(self) -> Augmentation:
