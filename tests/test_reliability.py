@@ -828,3 +828,36 @@ def test_yaml_aliases_that_expand_beyond_a_recipe_are_refused_at_once(tmp_path, 
     assert "the YAML refers to itself" in _error_line(capsys)
     assert time.monotonic() - start < 60
     assert read_yaml_values("a: &x {b: 1}\nc: *x\n") == {"a": {"b": 1}, "c": {"b": 1}}  # aliases themselves are fine
+
+
+# ---------------------------------------------------------------- one line instead of a traceback or a hang
+@pytest.mark.parametrize("environment, message", [
+    ({"WORLD_SIZE": "0"}, "the environment variable WORLD_SIZE='0' must be a whole number >= 1"),
+    ({"WORLD_SIZE": "2", "RANK": "abc"}, "the environment variable RANK='abc' must be a whole number >= 0"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 must be below WORLD_SIZE=2"),
+    ({"LOCAL_RANK": "-1"}, "the environment variable LOCAL_RANK='-1' must be a whole number >= 0"),
+])
+def test_torchrun_variables_that_make_no_sense_are_one_line(environment, message, tmp_path, monkeypatch, capsys,
+                                                            tiny_config):
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert main(["train", *_synthetic_args(tiny_config, tmp_path / "run")]) == 2
+    assert message in _error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_refuses_an_image_size_beyond_the_machines_memory_before_allocating(tmp_path, monkeypatch, capsys):
+    from ssog.export import missing_export_packages
+
+    if missing_export_packages():
+        pytest.skip("needs the export extra")
+    monkeypatch.setattr("ssog.runtime.available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: pytest.fail("allocated before refusing"))
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--img-size", "20000",
+                 "--output", str(tmp_path / "big.onnx")]) == 2
+    assert re.search(r"exporting at 20000x20000 px \(--img-size\) needs at least [\d.]+ GiB, more than the 1 GiB "
+                     r"this machine has available; lower --img-size or --batch-size$", _error_line(capsys, "export"))
+    for output_format in ("onnx", "hf"):
+        assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--format", output_format, "--output", ""]) == 2
+        assert "--output is empty" in _error_line(capsys, "export")
+    assert list(tmp_path.iterdir()) == []

@@ -121,6 +121,7 @@ def export_onnx(
             raise ValueError(f"a dynamic image size is traced at {MIN_PATCHES} patches per side or more; "
                              f"{height}x{width} has fewer")
         sizes.append((height + 2 * rows, width + cols))
+    _check_memory(model, input_size, sizes, batch_size)
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +168,30 @@ def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int,
     onnx.helper.set_model_props(proto, metadata)
     onnx.save(proto, str(path))
     return metadata
+
+
+def _check_memory(model: nn.Module, input_size: tuple[int, int, int], sizes: list[tuple[int, int]],
+                  batch_size: int) -> None:
+    """Raise MemoryError, naming the image size, when the export's least memory (its input
+    images, and for a model with patches two token activations of the checked batch, fp32)
+    is beyond what this machine has available: the size would page for hours, not fail."""
+    from .runtime import available_memory_bytes
+
+    available = available_memory_bytes()
+    channels = input_size[0]
+    patch_embed = getattr(model, "patch_embed", None)
+    embed_dim = getattr(model, "embed_dim", None)
+    needed = 4 * batch_size * channels * input_size[1] * input_size[2]  # the traced example
+    for height, width in sizes:
+        needed += 4 * (batch_size + 1) * channels * height * width  # each checked batch
+        if patch_embed is not None and isinstance(embed_dim, int):
+            rows, cols = patch_embed.patch_size
+            needed += 2 * 4 * (batch_size + 1) * (height // rows) * (width // cols) * embed_dim
+    if available is not None and needed > available:
+        size = "x".join(map(str, input_size[1:]))
+        raise MemoryError(f"exporting at {size} px (--img-size) needs at least {needed / 2**30:.3g} GiB, more than "
+                          f"the {available / 2**30:.3g} GiB this machine has available; lower --img-size or "
+                          "--batch-size")
 
 
 def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: float = 1e-4) -> dict[str, Any]:

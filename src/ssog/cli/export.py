@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.atol) and args.atol >= 0):
         raise ValueError(f"--atol must be a finite number >= 0 (the largest accepted |onnxruntime - PyTorch|), "
                          f"got {args.atol}")
+    if not args.output.strip():
+        raise ValueError("--output is empty: give the .onnx file (--format hf: the new folder) to write")
     if args.format == "hf":
         return _run_hf(args)
     if args.hub_id:
@@ -71,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
     from ssog.files import refuse_existing
     from ssog.train.run_folder import refuse_run_file
 
-    if not args.output.strip():
-        raise ValueError("--output is empty: give the .onnx file to write")
     refuse_run_file(args.output, "--output", reading=[_checkpoint_file(args.checkpoint)] if args.checkpoint else [])
     if not args.overwrite:
         refuse_existing([args.output], "--output")
