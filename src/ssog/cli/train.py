@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     output = _output(args)
     if output is not None:
         overrides.append(("output", output))
-    overrides += [parse_override(text) for text in args.set]
+    settings = [parse_override(text) for text in args.set]
+    overrides += settings
+    # --set beats the flags: --model-ema --set ema_decay=null keeps no EMA
+    fallbacks = [(key, value) for key, value in fallbacks if key not in {k for k, _ in settings}]
     if args.dry_run is not None or args.dry_run_report:
         return _dry_run(args, overrides, fallbacks)
     try:
