@@ -134,6 +134,18 @@ def test_a_folder_lock_is_exclusive_and_released(tmp_path):
     FolderLock(tmp_path).release()
 
 
+def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    def full(descriptor, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "write", full)
+        with pytest.raises(OSError, match="No space left"):
+            FolderLock(tmp_path)
+    assert not (tmp_path / FolderLock.NAME).exists()  # an empty lock would refuse the next run as "in use"
+    FolderLock(tmp_path).release()
+
+
 def test_the_lock_of_a_dead_process_is_taken_over_with_a_note(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)

@@ -542,6 +542,33 @@ def test_the_largest_accepted_centre_gives_finite_kernels():
     assert torch.equal(a[0, :, 3 * 5], torch.ones(20))  # all mass on the bottom-left key
 
 
+@pytest.mark.parametrize("backend", ["dense", "separable", "local", "cpp"])
+@pytest.mark.parametrize("steered", [False, True])
+def test_far_centres_give_the_exact_finite_kernel_on_every_backend(backend, steered):
+    from ssog.ops import cpp_kernels
+
+    if backend == "cpp" and not cpp_kernels.available():
+        pytest.skip(cpp_kernels.unavailable_reason())
+    v = torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))
+    for centre, width in ((1e6, 10.0), (1e6, 1e3), (2.0**20, 1e5)):
+        shape = (1, 2, 16, 1) if steered else (2, 1)
+        mu, sigma, weight = torch.full((*shape, 2), centre), torch.full((*shape, 2), width), torch.ones(shape)
+        out = ssog_mix(v, mu, sigma, weight, (4, 4), backend=backend)
+        assert torch.isfinite(out).all(), (centre, width)
+        # in float64 the difference of squares holds: the float32 kernel must match it
+        expected = ssog_mix(v.double(), mu.double(), sigma.double(), weight.double(), (4, 4), backend="dense")
+        assert torch.allclose(out.double(), expected, atol=1e-4), (centre, width)
+
+
+def test_a_mixture_of_no_atoms_is_one_line():
+    v = torch.randn(1, 2, 16, 4)
+    with pytest.raises(ValueError, match=r"at least 1 atom \(R, the second-to-last axis of mu\), got mu of shape "
+                                         r"\(2, 0, 2\)"):
+        ssog_mix(v, torch.zeros(2, 0, 2), torch.ones(2, 0, 2), torch.ones(2, 0), (4, 4))
+    with pytest.raises(ValueError, match="at least 1 atom"):
+        ssog_mix(v, torch.zeros(1, 2, 16, 0, 2), torch.ones(1, 2, 16, 0, 2), torch.ones(1, 2, 16, 0), (4, 4))
+
+
 @pytest.mark.parametrize("subpackage", ["ops", "layers"])
 def test_the_operator_and_its_layers_import_torch_alone(subpackage):
     """The operator and the mixers are torch code: a copy of ``ssog/ops`` and ``ssog/layers``

@@ -38,7 +38,9 @@ BAD_OPTIONS = [
     (dict(img_size=36, patch_size=8), "img_size=36 is not divisible by patch_size=8: expected a whole number of "
                                       "patches per side, not a 4.5 x 4.5 token grid"),
     (dict(embed_dim=30, num_heads=4), "embed_dim=30 is not divisible by num_heads=4: expected embed_dim a multiple "
-                                      "of num_heads (heads of equal width, e.g. embed_dim=28)"),
+                                      "of num_heads (heads of equal width, e.g. embed_dim=28, or num_heads=3)"),
+    (dict(embed_dim=4, num_heads=8), "embed_dim=4 is not divisible by num_heads=8: expected embed_dim a multiple "
+                                     "of num_heads (heads of equal width, e.g. embed_dim=8, or num_heads=4)"),
     (dict(depth=2.5), "depth=2.5: expected an integer >= 1"),
     (dict(drop_path_rate=1.0), "drop_path_rate=1.0: expected a probability in [0, 1)"),
     (dict(sigma_min=0.0), "sigma_min=0.0: expected a finite number > 0 (the width floor in tokens)"),

@@ -97,6 +97,44 @@ def test_dry_run_reports_a_model_setting_as_it_is_not_as_missing_data(tmp_path, 
     assert "measure without the data" not in str(error.value)
 
 
+def _absent_cifar(tmp_path, *settings):
+    cfg = resolve_config(CONFIGS / "cifar10_tiny.yaml", "ssog",
+                         [("data_dir", str(tmp_path / "absent")), ("batch_size", 8), ("num_workers", 0), *settings])
+    cfg.dataset = "cifar10"
+    return cfg
+
+
+def test_the_stand_in_checks_val_split_against_the_real_source(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = dry_run(_absent_cifar(tmp_path, ("val_split", 0.2)), steps=1)
+    assert (report["train_images"], report["val_images"]) == (40_000, 10_000)
+    with pytest.raises(ValueError, match=r"val_split 0.99999 \(--val-split\) holds out 50000 of 50000 images"):
+        dry_run(_absent_cifar(tmp_path, ("val_split", 0.99999)), steps=1)
+
+
+def test_a_setting_error_is_the_real_runs_not_missing_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for cfg in (_absent_cifar(tmp_path, ("grad_accum_steps", 3)),  # known source, its data absent
+                resolve_config(None, None, [("dataset", "imagefolder"), ("data_dir", str(tmp_path)),
+                                            ("batch_size", 8), ("grad_accum_steps", 3)])):
+        with pytest.raises(ValueError, match=r"batch_size 8 must be divisible by the number of processes 1 x "
+                                             r"grad_accum_steps 3$"):
+            dry_run(cfg, steps=1)
+    cfg = resolve_config(None, None, [("dataset", "imagefolder"), ("data_dir", str(tmp_path / "absent"))])
+    with pytest.raises(ValueError, match=r"does not exist.*\(measure without the data: add --dataset synthetic\)$"):
+        dry_run(cfg, steps=1)
+
+
+def test_a_batchnorm_model_is_measured_on_its_stand_in(tmp_path, monkeypatch):
+    """The FLOPs are counted on one image: in evaluation mode, where BatchNorm takes it (in
+    training mode it raised)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_config(None, None, [("model", "test_resnet"), ("dataset", "cifar10"), ("img_size", 32),
+                                      ("data_dir", str(tmp_path / "absent")), ("batch_size", 8)])
+    report = dry_run(cfg, steps=1)
+    assert report["stand_in"] == "cifar10" and report["step_s"] > 0
+
+
 def test_dry_run_on_the_command_line(ssog_cli, run_child, tmp_path):
     report = tmp_path / "report.json"
     result = run_child(ssog_cli.command("train", "--dry-run", "1", "--dataset", "synthetic", "--epochs", "2",

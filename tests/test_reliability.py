@@ -66,6 +66,10 @@ def _tiny_args(tiny_config, output) -> list[str]:
                                "fraction in [0.0056, 0.9944]"),
     (["--val-split", "1790"], "val_split 1790 (--val-split) holds out 1790 of 1797 images"),
     (["--set", "model_kwargs.steer=[mu, far]"], "with model_kwargs {'steer': ['mu', 'far']}: cannot steer ['far']"),
+    # fourth round (issue 45): nothing a run stores makes a later command read a file; names stay one line
+    (["--set", "model_kwargs.checkpoint_path=/etc/hostname"],
+     "model_kwargs may not set 'checkpoint_path': it comes from init_from"),
+    (["--dataset", "digits\nlicense: evil"], "dataset (--dataset) must be a data source's name"),
 ])
 def test_bad_settings_fail_in_one_line_and_create_nothing(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -424,14 +428,14 @@ def test_eval_output_never_replaces_a_file_unasked_nor_leaves_a_partial_one(one_
 
     from ssog import files
 
-    summary = one_epoch_run / "summary.json"
-    before = summary.read_text()
-    args = ["eval", "--checkpoint", str(one_epoch_run), "--output", str(summary)]
+    earlier = one_epoch_run.parent / "earlier.json"
+    earlier.write_text("{}")
+    args = ["eval", "--checkpoint", str(one_epoch_run), "--output", str(earlier)]
     assert main(args) == 2
-    assert f"{summary} already exists (--output); pass --overwrite" in _error_line(capsys, "eval")
-    assert summary.read_text() == before
+    assert f"{earlier} already exists (--output); pass --overwrite" in _error_line(capsys, "eval")
+    assert earlier.read_text() == "{}"
     assert main([*args, "--overwrite"]) == 0
-    assert json.loads(summary.read_text())["checkpoint"] == str(one_epoch_run / "best.safetensors")
+    assert json.loads(earlier.read_text())["checkpoint"] == str(one_epoch_run / "best.safetensors")
 
     def full(path, mode="r", *rest, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -612,3 +616,248 @@ def test_an_impossible_image_size_is_one_line_or_an_oom_point(one_epoch_run, tmp
                  "--no-plots", "--output", str(tmp_path / "bench")]) == 0
     rows = json.loads((tmp_path / "bench" / "results.json").read_text())["rows"]
     assert [(row["resolution"], row["status"]) for row in rows] == [(8, "ok")] * 2 + [(1000000, "oom")] * 2
+
+
+# ================================================================ fourth round (issue 45)
+# ---------------------------------------------------------------- files owned by a run
+@pytest.mark.parametrize("name, message", [
+    ("best.safetensors", "is the file this command reads"),
+    ("summary.json", "is a file of the run in {run}, which is never replaced"),
+    ("config.yaml", "is a file of the run in {run}, which is never replaced"),
+    ("tensorboard/events.json", "is a file of the run in {run}, which is never replaced"),
+])
+def test_eval_never_writes_over_a_file_the_run_owns_or_reads(name, message, one_epoch_run, capsys):
+    owned = one_epoch_run / name
+    before = owned.read_bytes() if owned.exists() else None
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(owned), "--overwrite"]) == 2
+    assert f"--output {owned} {message.format(run=one_epoch_run)}" in _error_line(capsys, "eval")
+    assert (owned.read_bytes() if owned.exists() else None) == before
+    copy = one_epoch_run.parent / "copy.safetensors"
+    copy.write_bytes((one_epoch_run / "best.safetensors").read_bytes())
+    assert main(["eval", "--checkpoint", str(copy), "--output", str(copy), "--overwrite"]) == 2
+    assert f"--output {copy} is the file this command reads" in _error_line(capsys, "eval")
+    assert copy.read_bytes() == (one_epoch_run / "best.safetensors").read_bytes()
+
+
+def test_export_never_writes_over_the_checkpoint_it_reads(one_epoch_run, capsys):
+    best = one_epoch_run / "best.safetensors"
+    before = best.read_bytes()
+    assert main(["export", "--checkpoint", str(one_epoch_run), "--output", str(best), "--overwrite"]) == 2
+    assert f"--output {best} is the file this command reads" in _error_line(capsys, "export")
+    assert main(["export", "--checkpoint", str(one_epoch_run), "--output", " "]) == 2
+    assert "--output is empty" in _error_line(capsys, "export")
+    assert best.read_bytes() == before
+
+
+def test_the_dry_run_report_refuses_an_existing_file_unless_overwrite(tmp_path, monkeypatch, capsys, tiny_config):
+    from ssog.train import dry_run
+
+    monkeypatch.chdir(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's notes")
+    args = ["train", *_synthetic_args(tiny_config, tmp_path / "run"), "--dry-run", "1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(dry_run, "dry_run", lambda *a, **k: pytest.fail("measured before refusing"))
+        assert main([*args, "--dry-run-report", str(notes)]) == 2
+        assert f"{notes} already exists (--dry-run-report); pass --overwrite to replace, or choose another " \
+               "--dry-run-report" in _error_line(capsys)
+        assert main([*args, "--dry-run-report", ""]) == 2
+        assert "--dry-run-report is empty" in _error_line(capsys)
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text("epochs: 1\n")
+        assert main([*args, "--config", str(recipe), "--dry-run-report", str(recipe), "--overwrite"]) == 2
+        assert f"--dry-run-report {recipe} is the file this command reads" in _error_line(capsys)
+        assert recipe.read_text() == "epochs: 1\n"
+    assert notes.read_text() == "the user's notes"
+    assert main([*args, "--dry-run-report", str(notes), "--overwrite"]) == 0
+    assert json.loads(notes.read_text())["steps_timed"] == 1
+
+
+def test_a_run_whose_folder_is_removed_stops_without_recreating_it(tmp_path, monkeypatch, capsys, tiny_config):
+    import shutil
+
+    from ssog.train.engine import Trainer
+
+    run = tmp_path / "run"
+    end_epoch = Trainer._end_epoch
+
+    def removed(self):
+        shutil.rmtree(run)
+        return end_epoch(self)
+
+    monkeypatch.setattr(Trainer, "_end_epoch", removed)
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert f"the run folder {run} (or its lock .ssog-run.lock) was removed while the run trained; stopped without " \
+           "writing there" in _error_line(capsys)
+    assert not run.exists()
+
+
+def test_a_full_disk_while_claiming_leaves_no_lock(tmp_path, monkeypatch, capsys, tiny_config):
+    import errno
+    import os
+
+    from ssog import files
+
+    run = tmp_path / "run"
+    run.mkdir()
+    real_write = os.write
+
+    def full(descriptor, data):
+        if b'"what": "training run"' in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(descriptor, data)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "write", full)
+        assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+        assert f"cannot write the run folder {run}: No space left on device" in _error_line(capsys)
+    assert list(run.iterdir()) == []
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 0
+
+
+# ---------------------------------------------------------------- stored configs are data, not instructions
+@pytest.mark.parametrize("model_kwargs, named", [
+    ({"checkpoint_path": "SECRET"}, "model_kwargs.checkpoint_path"),
+    ({"pretrained_cfg_overlay": {"file": "SECRET"}}, "model_kwargs.pretrained_cfg_overlay"),
+    ({"pretrained": True}, "model_kwargs.pretrained"),
+    ({"mixer_options": {"weights": "https://example.com/w.pth"}}, "model_kwargs.mixer_options.weights"),
+])
+def test_a_stored_config_naming_a_file_is_refused_before_anything_opens_it(model_kwargs, named, one_epoch_run,
+                                                                          tmp_path, capsys, monkeypatch):
+    secret = tmp_path / "secret.pth"
+    secret.write_bytes(b"never read")
+    state = load_checkpoint(one_epoch_run / "last.safetensors")
+    state["config"]["model_kwargs"] = json.loads(json.dumps(model_kwargs).replace("SECRET", str(secret)))
+    forged = tmp_path / "forged" / "last.safetensors"
+    save_checkpoint(forged, state)
+    save_checkpoint(forged.with_name("best.safetensors"), {**state, "kind": "best"})
+    monkeypatch.setattr("timm.create_model", lambda *a, **k: pytest.fail("a model was built"))
+    for command in (["eval", "--checkpoint", str(forged.parent)], ["train", "--resume", str(forged.parent)],
+                    ["train", "--init-from", str(forged.parent), "--output", str(tmp_path / "new")],
+                    ["export", "--format", "hf", "--checkpoint", str(forged.parent), "--output", str(tmp_path / "hf")]):
+        assert main(command) == 2
+        assert f"its stored config sets {named}, which names a file or URL to read" in _error_line(capsys, command[0])
+    assert not (tmp_path / "new").exists() and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("config, message", [
+    ([1, 2], "its stored config is a list, not a mapping"),
+    ("epochs: 3", "its stored config is a str, not a mapping"),
+    ({"model_kwargs": [1]}, "its stored model_kwargs are a list, not a mapping"),
+])
+def test_a_stored_config_that_is_not_a_mapping_is_one_line(config, message, one_epoch_run, tmp_path, capsys):
+    state = load_checkpoint(one_epoch_run / "best.safetensors")
+    state["config"] = config
+    forged = save_checkpoint(tmp_path / "forged.safetensors", state)
+    for command in (["eval", "--checkpoint", str(forged)], ["train", "--resume", str(forged)]):
+        assert main(command) == 2
+        assert f"checkpoint {forged} is corrupt: {message}" in _error_line(capsys, command[0])
+
+
+# ---------------------------------------------------------------- corrupt headers: one line, no hang
+def _forged_headers(folder) -> dict[str, object]:
+    import struct
+
+    folder.mkdir(exist_ok=True)
+    nested = b"[" * 200_000 + b"]" * 200_000
+    files = {
+        "overflow": struct.pack("<Q", 2**63 + 5) + b"{}",
+        "beyond the file": struct.pack("<Q", 10**9) + b"{}",
+        "nested": struct.pack("<Q", len(nested)) + nested,
+        "text": b"hello, this is not a checkpoint at all",
+    }
+    paths = {}
+    for name, data in files.items():
+        paths[name] = folder / f"{name.replace(' ', '_')}.safetensors"
+        paths[name].write_bytes(data)
+    paths["timm .pth.tar"] = folder / "model.pth.tar"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, paths["timm .pth.tar"])
+    return paths
+
+
+def test_corrupt_checkpoint_headers_are_one_line(tmp_path, capsys):
+    for kind, path in _forged_headers(tmp_path / "bad").items():
+        with pytest.raises(ValueError, match=rf"checkpoint {re.escape(str(path))} is truncated or not a safetensors "
+                                             r"file \((its header claims [\d,]+ bytes of a [\d,]+-byte file|JSON "
+                                             r"nested too deeply)\)"):
+            load_checkpoint(path)
+        assert main(["train", "--resume", str(path)]) == 2, kind
+        assert f"checkpoint {path} is truncated or not a safetensors file" in _error_line(capsys)
+        assert main(["train", "--init-from", str(path), "--epochs", "1", "--output", str(tmp_path / "r")]) == 2
+        assert f"init_from {path}: cannot read the model it was trained as" in _error_line(capsys)
+        assert main(["eval", "--checkpoint", str(path)]) == 2
+        _error_line(capsys, "eval")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_state_nested_too_deeply_in_the_metadata_is_one_line(one_epoch_run, tmp_path):
+    from safetensors.torch import save_file
+
+    from ssog.train.checkpoint import FORMAT
+
+    path = tmp_path / "deep.safetensors"
+    save_file({"x": torch.zeros(1)}, str(path),
+              metadata={"ssog_format": FORMAT, "ssog_state": "[" * 100_000 + "]" * 100_000})
+    with pytest.raises(ValueError, match="has no readable ssog state in its metadata"):
+        load_checkpoint(path)
+    save_file({"x": torch.zeros(1)}, str(path), metadata={"ssog_format": FORMAT, "ssog_state": "[1, 2]"})
+    with pytest.raises(ValueError, match="its ssog state is a list, not a mapping"):
+        load_checkpoint(path)
+
+
+# ---------------------------------------------------------------- YAML size
+def _alias_bomb(levels: int) -> str:
+    lines = ["x0: &a0 [v, v, v, v, v, v, v, v, v, v]"]
+    lines += [f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "model_kwargs:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+def test_yaml_aliases_that_expand_beyond_a_recipe_are_refused_at_once(tmp_path, capsys):
+    from ssog.train.recipes import MAX_YAML_VALUES, read_yaml_values
+
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text(_alias_bomb(9))  # a billion values once expanded
+    bomb = "[" + ", ".join(f"&a{i} [{', '.join([f'*a{i - 1}'] * 10) if i else 'v'}]" for i in range(9)) + "]"
+    start = time.monotonic()
+    assert main(["train", "--config", str(recipe)]) == 2
+    assert f"with its aliases expanded the YAML holds more than {MAX_YAML_VALUES:,} values" in _error_line(capsys)
+    assert main(["train", "--set", f"model_kwargs.depth={bomb}"]) == 2
+    assert f"the value is not valid YAML (with its aliases expanded the YAML holds more than {MAX_YAML_VALUES:,}" \
+        in _error_line(capsys)
+    assert main(["train", "--set", "model_kwargs.depth=&a [*a]"]) == 2
+    assert "the YAML refers to itself" in _error_line(capsys)
+    assert time.monotonic() - start < 60
+    assert read_yaml_values("a: &x {b: 1}\nc: *x\n") == {"a": {"b": 1}, "c": {"b": 1}}  # aliases themselves are fine
+
+
+# ---------------------------------------------------------------- one line instead of a traceback or a hang
+@pytest.mark.parametrize("environment, message", [
+    ({"WORLD_SIZE": "0"}, "the environment variable WORLD_SIZE='0' must be a whole number >= 1"),
+    ({"WORLD_SIZE": "2", "RANK": "abc"}, "the environment variable RANK='abc' must be a whole number >= 0"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 must be below WORLD_SIZE=2"),
+    ({"LOCAL_RANK": "-1"}, "the environment variable LOCAL_RANK='-1' must be a whole number >= 0"),
+])
+def test_torchrun_variables_that_make_no_sense_are_one_line(environment, message, tmp_path, monkeypatch, capsys,
+                                                            tiny_config):
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert main(["train", *_synthetic_args(tiny_config, tmp_path / "run")]) == 2
+    assert message in _error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_refuses_an_image_size_beyond_the_machines_memory_before_allocating(tmp_path, monkeypatch, capsys):
+    from ssog.export import missing_export_packages
+
+    if missing_export_packages():
+        pytest.skip("needs the export extra")
+    monkeypatch.setattr("ssog.runtime.available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: pytest.fail("allocated before refusing"))
+    assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--img-size", "20000",
+                 "--output", str(tmp_path / "big.onnx")]) == 2
+    assert re.search(r"exporting at 20000x20000 px \(--img-size\) needs at least [\d.]+ GiB, more than the 1 GiB "
+                     r"this machine has available; lower --img-size or --batch-size$", _error_line(capsys, "export"))
+    for output_format in ("onnx", "hf"):
+        assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--format", output_format, "--output", ""]) == 2
+        assert "--output is empty" in _error_line(capsys, "export")
+    assert list(tmp_path.iterdir()) == []

@@ -104,6 +104,51 @@ def test_a_broken_info_json_and_a_missing_shard_are_named_before_training(tmp_pa
         build_datasets("wds/x", str(root))
 
 
+@pytest.mark.parametrize("listed", ["/etc/passwd", "../outside.tar", "sub/../../outside.tar", "pipe:cat /etc/passwd",
+                                    "https://example.com/a.tar", "link.tar"])
+def test_info_json_lists_only_shards_inside_the_data_folder(listed, tmp_path):
+    root = _webdataset(tmp_path / "data", [[_good(i) for i in range(8)]])
+    with wds.TarWriter(str(tmp_path / "outside.tar")) as writer:
+        writer.write(_good(0))
+    (root / "link.tar").symlink_to(tmp_path / "outside.tar")
+    info = json.loads((root / "_info.json").read_text())
+    info["splits"]["train"]["filenames"].append(listed)
+    (root / "_info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=rf"lists the shard '{re.escape(listed)}', which is not inside {root}"):
+        build_datasets("wds/x", str(root))
+    # the same shard named by the user, in the split's pattern, is read
+    train = build_datasets("wds/x", str(root), train_split=f"{tmp_path / 'outside.tar'}|1")[0]
+    assert train.shards.urls == (str(tmp_path / "outside.tar"),)
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_a_truncated_shard_is_named_before_training(split, tmp_path):
+    import tarfile
+
+    root = _webdataset(tmp_path / "data", [[_good(i) for i in range(16)]])
+    shard = root / f"{split}-0000.tar"
+    with tarfile.open(shard) as archive:
+        boundary = archive.getmembers()[8].offset  # where the fifth sample starts: a valid, shorter tar
+    for end in (boundary, boundary + 100):  # cut at a sample's end, and inside one
+        shard.write_bytes(shard.read_bytes()[:end])
+        with pytest.raises(ValueError, match=rf"1 of the 1 shards of split '{split}' are truncated \(no "
+                                             rf"end-of-archive blocks\): \S+{split}-0000\.tar; write them again"):
+            build_datasets("wds/x", str(root))
+
+
+def test_one_class_and_zero_samples_are_named(tmp_path):
+    root = _webdataset(tmp_path / "data", [[_good(i) for i in range(8)]])
+    info = json.loads((root / "_info.json").read_text())
+    with pytest.raises(ValueError, match=r"it names 1 class \('cat'\); a classifier needs at least 2"):
+        (root / "_info.json").write_text(json.dumps({**info, "classes": ["cat"]}))
+        build_datasets("wds/x", str(root))
+    info["splits"]["train"]["num_samples"] = 0
+    (root / "_info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"split 'train': num_samples is 0 \(_info.json or "
+                                         r"dataset_kwargs.num_samples\); a split needs a whole number >= 1 of samples"):
+        build_datasets("wds/x", str(root))
+
+
 def test_an_epoch_longer_than_the_shards_warns(tmp_path, caplog):
     """num_samples beyond what the shards hold repeats samples within an epoch: said before
     training where _info.json gives the shard lengths, else when a reader starts its shards

@@ -3,6 +3,7 @@ card, local-dir: loading with pretrained=True, checkpoint_path at another image 
 dynamic_img_size."""
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,44 @@ def test_model_card_of_untrained_weights_says_so():
     assert "datasets" not in meta and meta["license"] == "mit"
     assert "initial (random) weights of the architecture, not trained" in body and "Metrics" not in body
     assert 'hf-hub:USER/REPO' in body
+
+
+@pytest.mark.parametrize("hub_id", ['a/b")\nimport os', "a/b/c", "a", "../b", "a/b c", "-a/b"])
+def test_a_hub_id_that_is_no_user_repo_is_refused_before_the_work(hub_id, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ssog.models.create_model", lambda *a, **k: pytest.fail("built before refusing"))
+    assert main(["export", "--format", "hf", "--model", MODEL, "--output", str(tmp_path / "hf"),
+                 f"--hub-id={hub_id}"]) == 2
+    assert f"--hub-id must be a hub repository USER/REPO (letters, digits and - _ .), got {hub_id!r}" \
+        in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_card_header_is_yaml_whatever_the_summary_and_licence_say(run, tmp_path):
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("best.safetensors", "summary.json"):
+        (copy / name).write_bytes((run / name).read_bytes())
+    summary = json.loads((run / "summary.json").read_text())
+    model = model_from_checkpoint(copy)
+    model.pretrained_cfg = dict(model.pretrained_cfg, license="mit\nextra: injected\n---\n# not a heading")
+    meta, body = _front_matter_and_body(model_card(model, copy))
+    assert meta["license"] == "mit\nextra: injected\n---\n# not a heading" and "extra" not in meta
+    assert meta["datasets"] == ["synthetic"] and body.startswith(f"# Model card for {MODEL}\n")
+
+    for key, value, message in [("dataset", "digits\nlicense: evil", "dataset must be a data source's name"),
+                                ("acc1", None, "is not a run's summary: it has no 'acc1'"),
+                                ("epochs", "1\nlicense: evil", "epochs must be a whole number")]:
+        broken = {k: v for k, v in summary.items() if k != key}
+        if value is not None:
+            broken[key] = value
+        (copy / "summary.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            model_card(model, copy)
+        assert main(["export", "--format", "hf", "--checkpoint", str(copy), "--output", str(tmp_path / "hf")]) == 2
+        assert not (tmp_path / "hf").exists()
+    (copy / "summary.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not a run's summary: a list, not a mapping"):
+        model_card(model, copy)
 
 
 def test_options_of_the_other_format_are_refused(tmp_path, capsys):

@@ -46,7 +46,7 @@ CASES = [
     ("--skip-bad-images", [], "skip_bad_images", True),
     ("--data-in-memory", [], "data_in_memory", True),
     ("--augment", ["strong"], "augment", "strong"),
-    ("--no-aug", ["--augment", "strong"], "augment", "none"),  # timm's: it beats the other augmentation flags
+    ("--no-aug", [], "augment", "none"),
     ("--aa", ["rand-m9-mstd0.5-inc1", *WEAK], "auto_augment", "rand-m9-mstd0.5-inc1"),
     ("--aa", ["none", "--augment", "strong"], "auto_augment", "none"),
     ("--reprob", ["0.25", *WEAK], "re_prob", 0.25),
@@ -158,6 +158,14 @@ def test_flags_override_the_recipe_and_set_overrides_the_flags(tmp_path, configu
     assert configured(["--aa", "none"], recipe).augmentation().auto_augment is None
 
 
+def test_the_same_value_twice_is_no_conflict_and_set_beats_a_fallback(configured):
+    assert configured(["--no-aug", "--augment", "none"]).augment == "none"
+    assert configured(["--amp", "bf16", "--amp-dtype", "bfloat16"]).amp == "bf16"
+    assert configured(["--model-ema", "--set", "ema_decay=null"]).ema_decay is None  # --set turns EMA off
+    assert configured(["--model-ema"]).ema_decay == EMA_DECAY
+    assert configured(["--augment", "weak", "--aa", "rand-m9-n2-mstd0.5-inc1-tweights"]).auto_augment
+
+
 def test_fallbacks_fill_only_what_is_unset():
     assert fill_fallbacks(TrainConfig(), [("ema_decay", 0.5)]).ema_decay == 0.5
     assert fill_fallbacks(TrainConfig(ema_decay=0.9), [("ema_decay", 0.5)]).ema_decay == 0.9
@@ -171,6 +179,16 @@ def test_fallbacks_fill_only_what_is_unset():
     (["--augment", "weak", "--scale", "0.9", "0.1"], "scale must be two numbers low, high with 0 < low <= high"),
     (["--augment", "weak", "--train-interpolation", "cubic"], "train_interpolation must be one of"),
     (["--experiment", "../x"], "--experiment names a folder inside --output"),
+    # flag conflicts: two flags setting one key differently
+    (["--no-aug", "--augment", "weak"], "--augment weak and --no-aug both set augment, to 'weak' and 'none': give one"),
+    (["--amp", "none", "--amp-dtype", "bfloat16"], "--amp none and --amp-dtype bf16 both set amp"),
+    (["--augment", "weak", "--aa", "rand-zz"], "auto_augment 'rand-zz': 'zz' is not a section timm reads"),
+    (["--augment", "weak", "--aa", "augmix-m5-w"], "auto_augment 'augmix-m5-w': 'w' is not a section timm reads"),
+    # schedule ranges
+    (["--min-lr", "1", "--lr", "0.1"], "min_lr (1.0) and warmup_lr (1e-05) must not exceed lr (0.1)"),
+    (["--warmup-lr", "5"], "min_lr (1e-05) and warmup_lr (5.0) must not exceed lr (0.005)"),
+    (["--decay-milestones", "-1", "5"], "decay_milestones must be epochs > 0 in increasing order, got [-1.0, 5.0]"),
+    (["--decay-milestones", "30", "30"], "decay_milestones must be epochs > 0 in increasing order, got [30.0, 30.0]"),
 ])
 def test_what_ssog_cannot_honour_is_one_line(argv, message, capsys):
     assert main(["train", *argv]) == 2
@@ -184,6 +202,10 @@ def test_what_ssog_cannot_honour_is_one_line(argv, message, capsys):
      "unrecognized option --label-smoothing; did you mean --smoothing? (--set label_smoothing=VALUE sets any"),
     (["--pretrained"], f"unrecognized option --pretrained (timm's --pretrained is {TIMM_INSTEAD['--pretrained']}"),
     (["--clip-mode", "agc"], "unrecognized option --clip-mode; did you mean --clip-grad?"),
+    # no abbreviations: timm's --drop is the classifier's dropout, not --drop-path
+    (["--drop", "0.1"], "unrecognized option --drop; did you mean --dr? (timm's --drop is the classifier's dropout, "
+                        "--set model_kwargs.drop_rate=P (--drop-path is stochastic depth) here)"),
+    (["--epoch", "3"], "unrecognized option --epoch; did you mean --epochs?"),
 ])
 def test_an_unknown_flag_names_the_nearest_one_and_set(argv, expected, capsys):
     with pytest.raises(SystemExit) as exit_:

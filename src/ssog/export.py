@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from .files import refuse_existing, replacing
 
 __all__ = [
     "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "dynamic_image_shapes", "export_onnx",
-    "missing_export_packages", "model_card", "run_summary", "training_recipe", "verify_onnx",
+    "check_hub_id", "missing_export_packages", "model_card", "run_summary", "training_recipe", "verify_onnx",
 ]
 
 
@@ -119,6 +121,7 @@ def export_onnx(
             raise ValueError(f"a dynamic image size is traced at {MIN_PATCHES} patches per side or more; "
                              f"{height}x{width} has fewer")
         sizes.append((height + 2 * rows, width + cols))
+    _check_memory(model, input_size, sizes, batch_size)
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +170,30 @@ def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int,
     return metadata
 
 
+def _check_memory(model: nn.Module, input_size: tuple[int, int, int], sizes: list[tuple[int, int]],
+                  batch_size: int) -> None:
+    """Raise MemoryError, naming the image size, when the export's least memory (its input
+    images, and for a model with patches two token activations of the checked batch, fp32)
+    is beyond what this machine has available: the size would page for hours, not fail."""
+    from .runtime import available_memory_bytes
+
+    available = available_memory_bytes()
+    channels = input_size[0]
+    patch_embed = getattr(model, "patch_embed", None)
+    embed_dim = getattr(model, "embed_dim", None)
+    needed = 4 * batch_size * channels * input_size[1] * input_size[2]  # the traced example
+    for height, width in sizes:
+        needed += 4 * (batch_size + 1) * channels * height * width  # each checked batch
+        if patch_embed is not None and isinstance(embed_dim, int):
+            rows, cols = patch_embed.patch_size
+            needed += 2 * 4 * (batch_size + 1) * (height // rows) * (width // cols) * embed_dim
+    if available is not None and needed > available:
+        size = "x".join(map(str, input_size[1:]))
+        raise MemoryError(f"exporting at {size} px (--img-size) needs at least {needed / 2**30:.3g} GiB, more than "
+                          f"the {available / 2**30:.3g} GiB this machine has available; lower --img-size or "
+                          "--batch-size")
+
+
 def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: float = 1e-4) -> dict[str, Any]:
     """Run the ONNX file at ``path`` in onnxruntime (CPU) on ``images`` and compare with
     ``model(images)``; ``RuntimeError`` when they differ by more than ``atol``."""
@@ -195,12 +222,48 @@ FAMILY_NAMES = {
 MIXER_NAMES = {"mha": "multi-head self-attention", "ssog": "SSoG token mixing (separable sum of Gaussians)"}
 
 
+#: The ``summary.json`` entries the model card reads, and their types.
+_SUMMARY_NUMBERS = ("acc1", "acc3", "acc5", "loss", "best_acc1")
+_SUMMARY_COUNTS = ("epochs", "best_epoch")
+#: A Hugging Face hub repository: ``USER/REPO``, each letters, digits and ``- _ .``.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+
+
+def check_hub_id(hub_id: str) -> str:
+    """``hub_id`` if it names a hub repository (``USER/REPO``), else a ValueError naming ``--hub-id``."""
+    if not _HUB_ID.fullmatch(hub_id) or ".." in hub_id or "--" in hub_id:
+        raise ValueError(f"--hub-id must be a hub repository USER/REPO (letters, digits and - _ .), got {hub_id!r}")
+    return hub_id
+
+
 def run_summary(checkpoint: str | Path) -> dict[str, Any] | None:
     """The ``summary.json`` of the run that wrote ``checkpoint`` (a run folder, or a checkpoint
-    file in one), or ``None`` when there is none (a run stopped before its end)."""
+    file in one), or ``None`` when there is none (a run stopped before its end). A file that is
+    not a run's summary (not JSON, an entry the card reads missing or of another type, a dataset
+    that is not a source's name) is a ValueError naming it."""
+    from .data.info import check_dataset_name
+
     path = Path(checkpoint)
-    summary = (path if path.is_dir() else path.parent) / "summary.json"
-    return json.loads(summary.read_text()) if summary.is_file() else None
+    file = (path if path.is_dir() else path.parent) / "summary.json"
+    if not file.is_file():
+        return None
+    try:
+        summary = json.loads(file.read_text())
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{file} is not a run's summary: not readable JSON ({type(error).__name__})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{file} is not a run's summary: a {type(summary).__name__}, not a mapping")
+    for key in (*_SUMMARY_NUMBERS, *_SUMMARY_COUNTS, "dataset"):
+        if key not in summary:
+            raise ValueError(f"{file} is not a run's summary: it has no {key!r}")
+    for key in _SUMMARY_NUMBERS:
+        if isinstance(summary[key], bool) or not isinstance(summary[key], (int, float)):
+            raise ValueError(f"{file}: {key} must be a number, got {summary[key]!r}")
+    for key in _SUMMARY_COUNTS:
+        if isinstance(summary[key], bool) or not isinstance(summary[key], int):
+            raise ValueError(f"{file}: {key} must be a whole number, got {summary[key]!r}")
+    check_dataset_name(summary["dataset"], f"{file}: dataset")
+    return summary
 
 
 def model_card(
@@ -256,10 +319,38 @@ def model_card(
         "description": f"{name}: an image classifier of the ssog library, in timm's format. "
                        "It takes any image size divisible by its patch (the position embedding is resampled).",
         "details": details,
-        "usage": _usage(hub_id or "USER/REPO"),
+        "usage": _usage(check_hub_id(hub_id) if hub_id else "USER/REPO"),
         "citation": [_paper_bibtex(), _library_bibtex()],
     }
-    return generate_readme(card, name)
+    body = {key: value for key, value in card.items() if key != "license"}  # the header is written apart
+    return _front_matter(card) + _body(generate_readme(body, name))
+
+
+def _front_matter(card: dict[str, Any]) -> str:
+    """The card's YAML header, the fields timm's ``generate_readme`` writes, written by a YAML
+    dumper: a value is data, never more YAML."""
+    header = {"tags": card["tags"], "pipeline_tag": "image-classification", "library_name": card["library_name"],
+              "license": str(card["license"])}
+    if "Dataset" in card["details"]:
+        header["datasets"] = [card["details"]["Dataset"].lower()]
+    return "---\n" + yaml.dump(header, Dumper=_OneLineDumper, sort_keys=False, allow_unicode=True,
+                               width=float("inf")) + "---\n"
+
+
+class _OneLineDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper writing every value on one line: a string holding a line break
+    double-quoted with escapes, so no line of the header is ever a value's (a ``---`` or a key)."""
+
+
+_OneLineDumper.add_representer(
+    str, lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style='"' if any(c in value for c in "\n\r\x85\u2028\u2029") else None))
+
+
+def _body(readme: str) -> str:
+    """``generate_readme``'s card without its header: the text after the second ``---`` line
+    (its header's values are one line each: constants and a dataset's name, :func:`run_summary`)."""
+    return readme[readme.index("\n---\n") + len("\n---\n"):]
 
 
 def training_recipe(checkpoint: str | Path) -> dict[str, str] | None:

@@ -179,14 +179,16 @@ def write_atomic(path: str | Path, data: bytes | str, *, overwrite: bool = True)
     return path
 
 
-def refuse_existing(paths: Iterable[str | Path], what: str = "", flag: str = "--overwrite") -> None:
-    """Raise FileExistsError naming the ``paths`` that exist (``what`` they are) and ``flag``."""
+def refuse_existing(paths: Iterable[str | Path], what: str = "", flag: str = "--overwrite",
+                    option: str = "--output") -> None:
+    """Raise FileExistsError naming the ``paths`` that exist (``what`` they are), ``flag`` and
+    the ``option`` that named them."""
     found = [str(path) for path in paths if Path(path).exists()]
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         holds = f" ({what})" if what else ""
         raise FileExistsError(errno.EEXIST, f"{shown} already exist{'s' if len(found) == 1 else ''}{holds}; "
-                                            f"pass {flag} to replace, or choose another --output")
+                                            f"pass {flag} to replace, or choose another {option}")
 
 
 def clear_results(folder: str | Path, patterns: Iterable[str], *, overwrite: bool, what: str) -> None:
@@ -286,8 +288,11 @@ class FolderLock:
                 continue
             try:
                 os.write(descriptor, payload)
-            finally:
+            except BaseException:  # a full disk: no empty lock left to refuse the next run
                 os.close(descriptor)
+                self.path.unlink(missing_ok=True)
+                raise
+            os.close(descriptor)
             threading.Thread(target=self._beat, name="ssog-lock-heartbeat", daemon=True).start()
             return
         raise FileExistsError(errno.EEXIST, f"{folder} is being claimed by another process at this moment; "

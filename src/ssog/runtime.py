@@ -132,6 +132,22 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(message in str(error).lower() for message in _CPU_OOM_MESSAGES)
 
 
+def available_memory_bytes() -> int | None:
+    """Bytes of memory this machine can still give (Linux's ``MemAvailable``; elsewhere its
+    physical memory), or None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 @contextlib.contextmanager
 def torch_settings(device: torch.device, threads: int | None = None, deterministic: bool = False) -> Iterator[None]:
     """CPU ``threads`` (on a CPU ``device``, when given) and ``deterministic`` algorithms for the

@@ -44,6 +44,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         _command_module(name).register(subparsers)
+    for command in subparsers.choices.values():
+        # no abbreviations: timm's --drop (classifier dropout) would silently be --drop-path
+        command.allow_abbrev = False
     return parser, dict(subparsers.choices)
 
 

@@ -43,8 +43,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output is not None and not args.output.strip():
         raise ValueError("--output is empty: give the JSON file to write the metrics to, or leave --output out")
-    if args.output and not args.overwrite:
-        refuse_existing([args.output], "--output")  # before the evaluation, not after it
+    if args.output:
+        from ssog.train.checkpoint import checkpoint_path
+        from ssog.train.run_folder import refuse_run_file
+
+        refuse_run_file(args.output, "--output", reading=[checkpoint_path(args.checkpoint, "best")])
+        if not args.overwrite:
+            refuse_existing([args.output], "--output")  # before the evaluation, not after it
     data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download") if getattr(args, k) is not None}
     result = evaluate_checkpoint(
         args.checkpoint, data=data, split=args.split, img_size=args.img_size, patch_size=args.patch_size,

@@ -68,13 +68,17 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.atol) and args.atol >= 0):
         raise ValueError(f"--atol must be a finite number >= 0 (the largest accepted |onnxruntime - PyTorch|), "
                          f"got {args.atol}")
+    if not args.output.strip():
+        raise ValueError("--output is empty: give the .onnx file (--format hf: the new folder) to write")
     if args.format == "hf":
         return _run_hf(args)
     if args.hub_id:
         raise ValueError("--hub-id names the hub repository in the model card of --format hf; an ONNX file has none")
     from ssog.export import MIN_PATCHES, ExportMismatch, export_onnx, missing_export_packages
     from ssog.files import refuse_existing
+    from ssog.train.run_folder import refuse_run_file
 
+    refuse_run_file(args.output, "--output", reading=[_checkpoint_file(args.checkpoint)] if args.checkpoint else [])
     if not args.overwrite:
         refuse_existing([args.output], "--output")
     missing = missing_export_packages()
@@ -134,6 +138,13 @@ def _move_to(model: nn.Module, input_size: tuple[int, int, int], img_size: int |
     return move_to_input_size(model, img_size, None, rescale_kernels)
 
 
+def _checkpoint_file(checkpoint: str) -> str:
+    """The file ``--checkpoint`` reads (a run folder's best)."""
+    from ssog.train.checkpoint import checkpoint_path
+
+    return str(checkpoint_path(checkpoint, "best"))
+
+
 def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
     """``(C, H, W)`` to trace: ``img_size`` square (a multiple of the patch), else the model's
     own size; a model without patches (a timm CNN run) at the input size it trained at."""
@@ -157,6 +168,10 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.overwrite:  # said, not ignored: a folder of the user's is never replaced
         raise ValueError("--overwrite replaces an .onnx file; --format hf writes a new folder and never replaces "
                          "one: choose a new --output")
+    if args.hub_id is not None:
+        from ssog.export import check_hub_id
+
+        check_hub_id(args.hub_id)  # before the work
     if args.img_size is not None or args.dynamic_size:
         raise ValueError("--img-size and --dynamic-size shape an ONNX file; --format hf writes the weights, which "
                          "take any size divisible by the patch")

@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="build everything, time STEPS optimizer steps (default 3) at the recipe's batch and "
                              "the data loader alone, print parameters, GFLOPs, step time, images/s, peak memory "
                              "and the projected time per epoch and for the schedule; writes nothing")
-    parser.add_argument("--dry-run-report", metavar="FILE", help="with --dry-run: also write the report as JSON")
+    parser.add_argument("--dry-run-report", metavar="FILE",
+                        help="with --dry-run: also write the report as JSON (an existing FILE is refused unless "
+                             "--overwrite)")
     parser.add_argument("--nproc", type=int, default=1, metavar="N",
                         help="with --dry-run: project for N processes (devices) per machine: the step at the "
                              "per-device batch, the epoch at the global one, and the torchrun line to launch it")
@@ -61,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     output = _output(args)
     if output is not None:
         overrides.append(("output", output))
-    overrides += [parse_override(text) for text in args.set]
+    settings = [parse_override(text) for text in args.set]
+    overrides += settings
+    # --set beats the flags: --model-ema --set ema_decay=null keeps no EMA
+    fallbacks = [(key, value) for key, value in fallbacks if key not in {k for k, _ in settings}]
     if args.dry_run is not None or args.dry_run_report or args.nproc != 1 or args.nnodes != 1:
         return _dry_run(args, overrides, fallbacks)
     try:
@@ -114,16 +119,22 @@ def _output(args: argparse.Namespace) -> str | None:
 
 
 def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
-    from ssog.files import write_atomic
+    from ssog.files import refuse_existing, write_atomic
     from ssog.train import resolve_config
     from ssog.train.dry_run import dry_run, format_dry_run, torchrun_line
-    from ssog.train.run_folder import check_output
+    from ssog.train.run_folder import check_output, refuse_run_file
 
     if args.dry_run is None:
         raise ValueError("--dry-run-report FILE, --nproc and --nnodes go with --dry-run")
     if args.resume:
         raise ValueError("--dry-run measures a new run's recipe; --resume continues a run: give one")
     cfg = fill_fallbacks(resolve_config(args.config, args.variant, overrides), fallbacks)
+    if args.dry_run_report is not None:  # before the measurement, not after it
+        if not args.dry_run_report.strip():
+            raise ValueError("--dry-run-report is empty: give the JSON file to write the report to")
+        refuse_run_file(args.dry_run_report, "--dry-run-report", reading=[args.config] if args.config else [])
+        if not cfg.overwrite:
+            refuse_existing([args.dry_run_report], "--dry-run-report", option="--dry-run-report")
     report = dry_run(cfg, steps=args.dry_run, nproc=args.nproc, nnodes=args.nnodes)
     if args.nproc * args.nnodes > 1:
         report["launch"] = torchrun_line(_run_args(getattr(args, "argv", [])), args.nproc, args.nnodes)
@@ -134,5 +145,5 @@ def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
         except ValueError as error:
             print(f"note: the run itself would stop before training: {error}")
     if args.dry_run_report:
-        write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n")
+        write_atomic(Path(args.dry_run_report), json.dumps(report, indent=2) + "\n", overwrite=cfg.overwrite)
     return 0

@@ -200,6 +200,7 @@ TIMM_INSTEAD = {
     "--torchcompile": "--compile",
     "--log-wandb": "--wandb-project NAME",
     "--recovery-interval": "--checkpoint-every N",
+    "--drop": "the classifier's dropout, --set model_kwargs.drop_rate=P (--drop-path is stochastic depth)",
 }
 
 
@@ -252,6 +253,7 @@ def option_settings(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
     the fallbacks (set only where the resolved config leaves the key null). Raises ValueError
     for a fixed behaviour asked otherwise."""
     overrides, fallbacks = [], []
+    given: dict[str, tuple[Option, Any]] = {}  # the option that set each key, and its value
     for option in OPTIONS:
         if not hasattr(args, option.dest):
             continue
@@ -259,9 +261,27 @@ def option_settings(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
         if option.key is None:
             if value != option.fixed:
                 raise ValueError(f"{option.flags[0]} {value}: {option.reason}; give {option.fixed} or leave it out")
+        elif option.fallback:
+            fallbacks.append((option.key, value))
         else:
-            (fallbacks if option.fallback else overrides).append((option.key, value))
+            if option.key in given and given[option.key][1] != value and not _bare(*given[option.key]):
+                first, first_value = given[option.key]
+                raise ValueError(f"{_shown(first, first_value)} and {_shown(option, value)} both set {option.key}, "
+                                 f"to {first_value!r} and {value!r}: give one")
+            given[option.key] = (option, value)
+            overrides.append((option.key, value))
     return overrides, fallbacks
+
+
+def _bare(option: Option, value: Any) -> bool:
+    """Whether ``option`` may have been given bare (``--amp``): then another flag of its key
+    (``--amp-dtype bfloat16``) says the value, as in timm."""
+    return option.nargs == "?" and value == option.const
+
+
+def _shown(option: Option, value: Any) -> str:
+    """``option`` as given on the command line: its flag, and its value unless a switch's."""
+    return option.flags[0] if value == option.const and option.nargs is None else f"{option.flags[0]} {value}"
 
 
 def fill_fallbacks(cfg: Any, fallbacks: Sequence[tuple[str, Any]]) -> Any:

@@ -9,6 +9,7 @@ one underlying dataset), plus a :class:`DatasetInfo` describing them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -19,11 +20,23 @@ from torch.utils.data import Dataset, Subset
 from ssog.image_statistics import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 
 __all__ = [
-    "DATASETS", "SOURCE_STATISTICS", "DATA_EXTRA", "DatasetInfo", "timm_source_info", "shown_names", "stratified_split",
-    "split_dataset", "dataset_targets", "training_subset",
+    "DATASETS", "SOURCE_STATISTICS", "DATA_EXTRA", "DatasetInfo", "check_dataset_name", "timm_source_info",
+    "shown_names", "stratified_split", "split_dataset", "dataset_targets", "training_subset",
 ]
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
+#: What a data source's name may hold (``cifar10``, ``hfds/user/name``, ``torch/image_folder``):
+#: it is written into logs, summaries and model cards, and read back from them.
+_DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]*")
+
+
+def check_dataset_name(name: object, where: str = "dataset") -> str:
+    """``name`` if it is a data source's name (letters, digits and ``_ . : / @ + -``), else a
+    ValueError naming ``where`` it was given."""
+    if not isinstance(name, str) or not _DATASET_NAME.fullmatch(name):
+        raise ValueError(f"{where} must be a data source's name (letters, digits and _ . : / @ + -, e.g. cifar10 or "
+                         f"hfds/user/name), got {name!r}")
+    return name
 
 #: Each built-in source's own ``(native side in pixels, mean, std, evaluation crop_pct)``: what
 #: :class:`DatasetInfo` reports, and the data config a run used before runs stored theirs

@@ -362,6 +362,7 @@ def _split_urls(root: str, split: str) -> tuple[list[str], int | None, int | Non
         if not isinstance(entry, dict) or not isinstance(entry.get("filenames"), list):
             raise ValueError(f"WebDataset {root}: split {split!r} of {path} has no list of 'filenames'")
         names, num_samples, listing = list(entry["filenames"]), entry.get("num_samples"), str(path)
+        _check_listed_shards(names, root, split, path)
         lengths = entry.get("shard_lengths")
         held = sum(lengths) if isinstance(lengths, list) and len(lengths) == len(names) else None
     urls = [name if "://" in name or name.startswith(("/", "pipe:")) else str(Path(root) / name) for name in names]
@@ -369,7 +370,41 @@ def _split_urls(root: str, split: str) -> tuple[list[str], int | None, int | Non
     if missing:
         raise ValueError(f"WebDataset {root}: {len(missing)} of the {len(urls)} shards of split {split!r} are "
                          f"missing: {shown_names(missing, 3)} (listed by {listing})")
+    truncated = [url for url in urls if _is_local(url) and url.endswith(".tar") and not _ends_as_a_tar(Path(url))]
+    if truncated:
+        raise ValueError(f"WebDataset {root}: {len(truncated)} of the {len(urls)} shards of split {split!r} are "
+                         f"truncated (no end-of-archive blocks): {shown_names(truncated, 3)}; write them again")
     return urls, num_samples, held, info
+
+
+def _ends_as_a_tar(path: Path) -> bool:
+    """Whether the tar file ``path`` ends with its end-of-archive marker (two zero 512-byte
+    blocks, which every tar writer appends): a shard cut off at a member's end reads as a
+    shorter, valid one, and its lost samples would go unnoticed."""
+    size = path.stat().st_size
+    if size < 1024 or size % 512:
+        return False
+    with open(path, "rb") as shard:
+        shard.seek(size - 1024)
+        return not any(shard.read(1024))
+
+
+def _check_listed_shards(names: list[Any], root: str, split: str, path: Path) -> None:
+    """Raise ValueError unless every shard ``_info.json`` (``path``) lists for ``split`` is a file
+    name inside the data folder ``root``: a file there is data, and never makes ssog read a file
+    elsewhere, a URL or a ``pipe:`` command (those the user names in the split's pattern only)."""
+    folder = Path(root).resolve()
+    for name in names:
+        inside = isinstance(name, str) and _is_local(name) and not Path(name).is_absolute()
+        if inside:
+            try:
+                (folder / name).resolve().relative_to(folder)
+            except ValueError:
+                inside = False
+        if not inside:
+            raise ValueError(f"WebDataset {root}: split {split!r} of {path} lists the shard {name!r}, which is not "
+                             f"inside {root}; shards listed in _info.json must be files of the data folder (give "
+                             f"others as the split's pattern, {_SHARDS_SYNTAX})")
 
 
 def _stream(name: str, root: str | None, split: str, train: bool, options: Mapping[str, Any],
@@ -402,9 +437,12 @@ def _stream(name: str, root: str | None, split: str, train: bool, options: Mappi
         classes = list(getattr(label, "names", None) or [str(c) for c in range(num_classes or 0)])
         num_samples = _hf_num_samples(shards) if "num_samples" not in stream_options else None
     num_samples = stream_options.get("num_samples", num_samples)
-    if not num_samples:
+    if num_samples is None:
         raise ValueError(f"dataset {name} split {split!r}: the number of samples is unknown; set "
                          "dataset_kwargs.num_samples (the schedule needs the steps per epoch)")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"dataset {name} split {split!r}: num_samples is {num_samples!r} (_info.json or "
+                         "dataset_kwargs.num_samples); a split needs a whole number >= 1 of samples")
     if train and held is not None and int(num_samples) > held:
         logger.warning(f"dataset {name} split {split!r}: its shards hold {held} samples (_info.json shard_lengths) "
                        f"but num_samples is {num_samples}: each epoch repeats samples to make up the difference; "
@@ -461,6 +499,8 @@ def stream_datasets(
     else:
         train, classes = _stream(name, root, train_split, True, options, num_classes)
         val, _ = _stream(name, root, val_split, False, options, num_classes)
+    if len(classes) == 1:
+        raise ValueError(f"dataset {name}: it names 1 class ({classes[0]!r}); a classifier needs at least 2")
     if len(classes) < 2:
         raise ValueError(f"dataset {name}: cannot tell the number of classes; set num_classes")
     for stream in (train, val):

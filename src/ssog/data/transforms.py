@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -175,6 +176,13 @@ def _auto_augment(spec: Any) -> str | None:
         raise ValueError(f"auto_augment must be a string such as rand-m9-mstd0.5-inc1, got {spec!r}")
     if spec == NO_AUTO_AUGMENT:
         return None
+    name, *sections = spec.split("-")
+    if name in ("rand", "augmix"):  # timm skips a section it cannot read; ssog says so
+        unread = [section for section in sections if not re.fullmatch(r"[a-z]+\d[\d.]*", section)
+                  and not (name == "rand" and len(section) > 1 and section.startswith("t"))]
+        if unread:
+            raise ValueError(f"auto_augment {spec!r}: {', '.join(map(repr, unread))} is not a section timm reads "
+                             "(a key and a number: m9, n2, mstd0.5, inc1, w4)")
     try:
         create_transform(8, is_training=True, auto_augment=spec)
     except (AssertionError, ValueError, KeyError, IndexError) as error:

@@ -153,8 +153,11 @@ def check_heads(dim: int, num_heads: int, dim_name: str = "dim") -> None:
     splits into ``num_heads`` heads of equal width."""
     check_options({dim_name: dim, "num_heads": num_heads})
     if dim % num_heads:
+        width = dim - dim % num_heads or num_heads  # the nearest multiple below, else num_heads itself
+        heads = max(h for h in range(1, num_heads) if dim % h == 0)
         raise ValueError(f"{dim_name}={dim} is not divisible by num_heads={num_heads}: expected {dim_name} a "
-                         f"multiple of num_heads (heads of equal width, e.g. {dim_name}={dim - dim % num_heads})")
+                         f"multiple of num_heads (heads of equal width, e.g. {dim_name}={width}, or "
+                         f"num_heads={heads})")
 
 
 def check_mixer_options(**options: Any) -> None:

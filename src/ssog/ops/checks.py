@@ -93,6 +93,9 @@ def check_parameters(
         raise ValueError(f"mu must be (H, R, 2) fixed or (B, H, N, R, 2) steered, got shape {tuple(mu.shape)}")
     if tuple(mu.shape) != expected_mu:
         raise ValueError(f"mu must end in 2 (y, x) components: expected shape {expected_mu}, got {tuple(mu.shape)}")
+    if atoms < 1:
+        raise ValueError(f"the mixture needs at least 1 atom (R, the second-to-last axis of mu), got mu of shape "
+                         f"{tuple(mu.shape)}")
     if tuple(sigma.shape) != expected_mu:
         raise ValueError(f"sigma must have the shape of mu {expected_mu}, got {tuple(sigma.shape)}")
     if tuple(weight.shape) != expected_weight:

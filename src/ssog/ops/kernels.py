@@ -62,7 +62,7 @@ def _gaussian_rows_formula(center: Tensor, sigma: Tensor, length: int) -> Tensor
     A softmax written out: torch.softmax is slow on rows this short (about 4x on a CPU).
     Its shift is the row's largest logit, found analytically at the key nearest the
     centre, so the peak term is exp(0) = 1 and the sum never underflows; the result does
-    not depend on the shift, so it is a constant for autograd.
+    not depend on the shift (a per-row constant for autograd).
 
     Logits are clamped at 2 ln(eps) (eps of the kernel dtype): tail values below eps^2 of
     the peak become eps^2, far below the resolution of the row sum. Without the clamp, exp
@@ -71,9 +71,14 @@ def _gaussian_rows_formula(center: Tensor, sigma: Tensor, length: int) -> Tensor
     """
     scale = (-0.5 / sigma.square()).unsqueeze(-1)  # logit = scale * (j - centre)^2
     with torch.no_grad():
-        nearest = center.round().clamp(0, length - 1)
-        shift = (scale * (nearest - center).square().unsqueeze(-1)).neg_()
-    exponent = torch.addcmul(shift, _offsets(center, length).square(), scale)
+        nearest = center.round().clamp(0, length - 1).unsqueeze(-1)
+        keys_from_nearest = torch.arange(length, device=center.device, dtype=center.dtype) - nearest
+    # logit_j - logit_nearest = scale ((j - c)^2 - (n - c)^2) = scale (j - n) ((j - c) + (n - c)):
+    # exactly 0 at the nearest key and never positive, however far the centre; the difference
+    # of the two squares would cancel catastrophically there (a centre of 1e6 tokens gave
+    # exponents of +512, inf, and NaN rows).
+    offsets = _offsets(center, length)
+    exponent = scale * keys_from_nearest * (offsets + (nearest - center.unsqueeze(-1)))
     floor = 2.0 * math.log(torch.finfo(center.dtype).eps)
     unnormalised = exponent.clamp_min(floor).exp()
     return unnormalised / unnormalised.sum(dim=-1, keepdim=True)

@@ -36,7 +36,9 @@ GRAD_CHECKPOINTING = "grad_checkpointing"
 # Set from the data set and the config's own fields, never through model_kwargs.
 RESERVED_MODEL_KWARGS = {
     "num_classes": "the data set", "in_chans": "the data set", "img_size": "img_size",
-    "drop_path_rate": "drop_path", "pretrained": "init_from",
+    "drop_path_rate": "drop_path", "pretrained": "init_from", "checkpoint_path": "init_from",
+    "cache_dir": "init_from", "pretrained_cfg": "the run's data config",
+    "pretrained_cfg_overlay": "the run's data config",
 }
 
 

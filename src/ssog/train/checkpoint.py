@@ -11,9 +11,10 @@ previous checkpoint intact, never a mix of two. Loading never unpickles anything
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from ssog.models.weights import CHECKPOINT_MODEL_PREFIX
 
 __all__ = [
     "FORMAT", "MODEL_KEY", "SEPARATOR", "save_checkpoint", "save_checkpoints", "load_checkpoint",
-    "read_checkpoint_info", "check_state_dict", "checkpoint_path",
+    "read_checkpoint_info", "check_state_dict", "check_stored_config", "checkpoint_path", "FILE_KEYS",
 ]
 
 FORMAT = "ssog-checkpoint-v1"
@@ -125,11 +126,7 @@ def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) ->
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     with open(path, "rb") as handle:
-        try:
-            (header_size,) = struct.unpack("<Q", handle.read(8))
-            metadata = json.loads(handle.read(header_size)).get("__metadata__") or {}
-        except (struct.error, ValueError, AttributeError) as error:
-            raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({error})") from error
+        metadata = _read_metadata(handle, path)
         if metadata.get("ssog_format") != FORMAT:
             raise ValueError(
                 f"{path} is not an ssog training checkpoint (format {metadata.get('ssog_format')!r}, "
@@ -137,8 +134,13 @@ def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) ->
             )
         try:
             skeleton = json.loads(metadata[_META_KEY])
-        except (KeyError, ValueError) as error:
-            raise ValueError(f"checkpoint {path} has no readable ssog state in its metadata ({error})") from error
+        except (KeyError, TypeError, ValueError, RecursionError) as error:
+            raise ValueError(f"checkpoint {path} has no readable ssog state in its metadata "
+                             f"({type(error).__name__}: {error})") from None
+        if not isinstance(skeleton, dict):
+            raise ValueError(f"checkpoint {path} is corrupt: its ssog state is a {type(skeleton).__name__}, "
+                             "not a mapping")
+        check_stored_config(skeleton.get("config"), path)
         if only is not None:
             skeleton = {k: v for k, v in skeleton.items() if k in only}
         tensors = {}
@@ -150,8 +152,64 @@ def load_checkpoint(path: str | Path, *, only: tuple[str, ...] | None = None) ->
                 raise ValueError(f"checkpoint {path} is truncated or corrupt ({error})") from error
     try:
         return _decode(skeleton, tensors)
-    except KeyError as error:
+    except (KeyError, TypeError) as error:
         raise ValueError(f"checkpoint {path} is corrupt: its state names a missing tensor {error}") from error
+    except RecursionError:
+        raise ValueError(f"checkpoint {path} is corrupt: its state is nested too deeply") from None
+
+
+def _read_metadata(handle: BinaryIO, path: Path) -> dict[str, Any]:
+    """The ``__metadata__`` of the safetensors file open in ``handle`` (a mapping; empty if none),
+    read without trusting its header: a length beyond the file or JSON nested too deeply is a
+    ValueError naming ``path``, not an OverflowError, MemoryError or RecursionError."""
+    size = os.fstat(handle.fileno()).st_size
+    try:
+        (header_size,) = struct.unpack("<Q", handle.read(8))
+        if header_size > size - 8:
+            raise ValueError(f"its header claims {header_size:,} bytes of a {size:,}-byte file")
+        header = json.loads(handle.read(header_size))
+        metadata = header.get("__metadata__") or {}
+        if not isinstance(metadata, dict):
+            raise ValueError(f"its metadata is a {type(metadata).__name__}, not a mapping")
+    except (struct.error, ValueError, AttributeError, RecursionError) as error:
+        reason = "JSON nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({reason})") from None
+    return metadata
+
+
+#: ``model_kwargs`` (at any depth) that make timm open a file or download one: a checkpoint, a
+#: pretrained config's file, URL or hub id. A stored config that sets one is refused.
+FILE_KEYS = ("checkpoint_path", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "file",
+             "url", "hf_hub_id", "hf_hub_filename")
+
+
+def check_stored_config(config: Any, path: str | Path) -> None:
+    """Raise ValueError unless ``config`` (a checkpoint's stored run config, or None) is a
+    mapping whose ``model_kwargs`` name no file or URL (:data:`FILE_KEYS`, a value with ``://``):
+    a checkpoint is data, and reading one never makes ssog open what it says."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise ValueError(f"checkpoint {path} is corrupt: its stored config is a {type(config).__name__}, "
+                         "not a mapping")
+    kwargs = config.get("model_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"checkpoint {path} is corrupt: its stored model_kwargs are a {type(kwargs).__name__}, "
+                         "not a mapping")
+    found = _file_settings(kwargs, "model_kwargs")
+    if found:
+        raise ValueError(f"checkpoint {path}: its stored config sets {found[0]}, which names a file or URL to "
+                         "read; a run's stored config never does (refused: not written by ssog train)")
+
+
+def _file_settings(value: Any, where: str) -> list[str]:
+    """The dotted names under ``where`` of :data:`FILE_KEYS` and URL values in ``value``."""
+    if isinstance(value, dict):
+        return [name for key, item in value.items()
+                for name in ([f"{where}.{key}"] if key in FILE_KEYS else _file_settings(item, f"{where}.{key}"))]
+    if isinstance(value, (list, tuple)):
+        return [name for i, item in enumerate(value) for name in _file_settings(item, f"{where}[{i}]")]
+    return [where] if isinstance(value, str) and "://" in value else []
 
 
 def _holds_tensors(skeleton: Any) -> bool:

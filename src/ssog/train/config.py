@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ssog.data.data_config import INTERPOLATIONS
+from ssog.data.info import check_dataset_name
 from ssog.data.transforms import TRANSFORM_SETTINGS, Augmentation, configure_augmentation
 from ssog.train.recipes import load_recipe, merge_settings
 from ssog.train.run_folder import is_run_config
@@ -204,6 +205,12 @@ class TrainConfig:
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.warmup_epochs >= 0, "warmup_epochs must be >= 0"),
             (self.warmup_lr >= 0 and self.min_lr >= 0, "warmup_lr and min_lr must be >= 0"),
+            (self.min_lr <= self.lr and self.warmup_lr <= self.lr,
+             f"min_lr ({self.min_lr}) and warmup_lr ({self.warmup_lr}) must not exceed lr ({self.lr}): the "
+             "schedule rises from warmup_lr to lr and falls to min_lr"),
+            (all(m > 0 for m in self.decay_milestones)
+             and all(a < b for a, b in zip(self.decay_milestones, self.decay_milestones[1:])),
+             f"decay_milestones must be epochs > 0 in increasing order, got {self.decay_milestones}"),
             (self.clip_grad is None or self.clip_grad > 0, "clip_grad must be > 0 or null (no clipping)"),
             (all(a is None or a >= 0 for a in (self.mixup, self.cutmix)), "mixup and cutmix must be >= 0 or null"),
             (self.synthetic_size >= 1 and self.synthetic_classes >= 2,
@@ -237,6 +244,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad training config: {message}")
+        check_dataset_name(self.dataset, "bad training config: dataset (--dataset)")
         self.augmentation()  # the level and its transform settings
 
     def augmentation(self) -> Augmentation:

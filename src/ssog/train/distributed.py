@@ -50,9 +50,12 @@ def init_distributed(device: str = "auto") -> DistContext:
     node uses GPU ``LOCAL_RANK``.
     """
     use_cuda = resolve_device(device).type == "cuda"
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = _environment_count("WORLD_SIZE", 1, minimum=1)
+    rank = _environment_count("RANK", 0)
+    local_rank = _environment_count("LOCAL_RANK", 0)
+    if rank >= world_size:
+        raise ValueError(f"RANK={rank} must be below WORLD_SIZE={world_size} (torchrun sets both; unset them to "
+                         "run one process)")
     if use_cuda:
         torch.cuda.set_device(local_rank)
         torch_device = torch.device("cuda", local_rank)
@@ -61,6 +64,22 @@ def init_distributed(device: str = "auto") -> DistContext:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     return DistContext(rank, world_size, local_rank, torch_device)
+
+
+def _environment_count(name: str, default: int, minimum: int = 0) -> int:
+    """The whole number >= ``minimum`` in the environment variable ``name`` (``default`` when
+    unset), else a ValueError naming it."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"the environment variable {name}={text!r} must be a whole number >= {minimum} (torchrun "
+                         "sets it; unset it to run one process)")
+    return value
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:

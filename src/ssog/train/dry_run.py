@@ -27,11 +27,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
+from ssog.data import build_datasets
+from ssog.data.info import stratified_split
 from ssog.models import count_flops
 from ssog.runtime import autocast, is_out_of_memory, torch_settings
-from ssog.train.builders import ModelBuildError
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import Trainer
@@ -61,26 +63,36 @@ def _synchronize(device: torch.device) -> None:
 
 def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]:
     """The run's :class:`Trainer` (nothing written), or one on generated data of the recipe's
-    shape when its data source is a known one that is not on this machine; with notes on
-    the data measured: ``stand_in`` and the real ``train_images`` and ``val_images`` of the source.
-    A model that cannot be built (:class:`ModelBuildError`) is the user's setting to fix, not
-    missing data: it is raised as it is."""
+    shape when its data source is a known one whose files are not on this machine; with notes
+    on the data measured: ``stand_in`` and the real ``train_images`` and ``val_images`` of the
+    source. Only the data source failing to load is missing data: for a known source it is read
+    alone first (cheap), and every other error, a setting's, is raised as the real run raises it."""
     cfg = dataclasses.replace(cfg, download=False)
+    source = _known_source(cfg)
+    if source is not None:
+        try:
+            if cfg.dataset in KNOWN_SOURCES:
+                build_datasets(cfg.dataset, cfg.data_dir, download=False)
+            elif not Path(cfg.data_dir).is_dir():  # an ImageFolder tree named after its source: the run reads it
+                raise FileNotFoundError(f"data folder {cfg.data_dir} does not exist")
+        except (ValueError, OSError) as error:
+            return _stand_in(cfg, ctx, source, str(error))
     try:
         trainer = Trainer(cfg, ctx, Path(cfg.output or "dry-run"))
-        return trainer, {"stand_in": None, "train_images": len(trainer.data.train_loader.dataset),
-                         "val_images": len(trainer.data.val_loader.dataset)}
-    except ModelBuildError:
-        raise
-    except (ValueError, OSError) as error:
-        source = _known_source(cfg)
-        if source is None:
-            raise ValueError(f"{error} (measure without the data: add --dataset synthetic)") from error
-        reason = str(error)
+    except (FileNotFoundError, NotADirectoryError) as error:  # files of the data source missing
+        raise ValueError(f"{error} (measure without the data: add --dataset synthetic)") from error
+    return trainer, {"stand_in": None, "train_images": len(trainer.data.train_loader.dataset),
+                     "val_images": len(trainer.data.val_loader.dataset)}
+
+
+def _stand_in(cfg: TrainConfig, ctx: DistContext, source: str, reason: str) -> tuple[Trainer, dict[str, Any]]:
+    """A :class:`Trainer` on generated images of the known ``source``'s shape, its ``val_split``
+    checked against the source's real size as the real run checks it."""
     classes, train_images, val_images = KNOWN_SOURCES[source]
-    if isinstance(cfg.val_split, (int, float)) and not isinstance(cfg.val_split, bool):
-        val_images = int(cfg.val_split if cfg.val_split >= 1 else round(train_images * cfg.val_split))
-        train_images -= val_images
+    if cfg.val_split is not None:
+        # the real run's split of the real training set (its message names the setting)
+        train_part, val_part = stratified_split(np.arange(train_images) % classes, cfg.val_split, cfg.split_seed)
+        train_images, val_images = len(train_part), len(val_part)
     stand_in = dataclasses.replace(cfg, dataset="synthetic", data_dir=None, val_split=None,
                                    synthetic_size=cfg.batch_size, synthetic_classes=classes)
     logger.warning(f"{source} is not readable here ({reason}); measuring on generated images of its shape "
@@ -165,10 +177,13 @@ def _eval_seconds_per_image(trainer: Trainer) -> float:
 
 def _flops(trainer: Trainer) -> float | None:
     """Forward GFLOPs of one image, where the model is one :func:`~ssog.models.count_flops` reads."""
+    trainer.model.eval()  # one image: BatchNorm cannot train on it
     try:
         return count_flops(trainer.model, trainer.data.img_size)["total_gflops"]
     except (AttributeError, TypeError):  # a timm model without ssog's patch_embed / in_chans
         return None
+    finally:
+        trainer.model.train()
 
 
 def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from ssog.data import get_augmentation
-from ssog.files import WriteError, write_atomic
+from ssog.files import FolderLock, WriteError, write_atomic
 from ssog.runtime import autocast, cpu_seconds, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
 from ssog.train.checkpoint import MODEL_KEY, check_state_dict, save_checkpoints
@@ -188,11 +188,20 @@ class Trainer:
         self._check_finite_weights()
         state = self._state()  # every process takes part (RNG and stream gathers)
         if self.main:
+            self._check_run_folder()
             states = {self.output / "last.safetensors": state}
             if best is not None:
                 states = {self.output / "best.safetensors": self._best_state(best), **states}
             save_checkpoints(states)
         self.saved_at = self.progress.position()
+
+    def _check_run_folder(self) -> None:
+        """Raise FileNotFoundError when the run folder (or its lock) is gone: a checkpoint
+        written now would recreate the folder without its config, marker and lock."""
+        if not (self.output / FolderLock.NAME).is_file():
+            raise FileNotFoundError(
+                f"the run folder {self.output} (or its lock {FolderLock.NAME}) was removed while the run trained; "
+                "stopped without writing there; start the run again")
 
     def _check_finite_weights(self) -> None:
         bad = next((name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()), None)

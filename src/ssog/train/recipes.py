@@ -42,9 +42,47 @@ _RecipeLoader.add_implicit_resolver(
 )
 
 
+#: The most values (mappings, lists and scalars, every alias counted as what it repeats) a
+#: recipe or an override may hold: a recipe holds hundreds; YAML aliases nested a few levels
+#: deep repeat a value billions of times, which every later step would walk.
+MAX_YAML_VALUES = 100_000
+
+
 def read_yaml_values(text: str) -> Any:
-    """``text`` parsed as a recipe's YAML (safe, with YAML 1.2's floats: :class:`_RecipeLoader`)."""
-    return yaml.load(text, Loader=_RecipeLoader)  # safe: a SafeLoader subclass
+    """``text`` parsed as a recipe's YAML (safe, with YAML 1.2's floats: :class:`_RecipeLoader`);
+    a :class:`yaml.YAMLError` when it holds more than :data:`MAX_YAML_VALUES` values with its
+    aliases expanded, refers to itself, or nests too deeply."""
+    values = yaml.load(text, Loader=_RecipeLoader)  # safe: a SafeLoader subclass
+    try:
+        size = _expanded_size(values, {}, set())
+    except RecursionError:
+        raise yaml.YAMLError("the YAML nests too deeply") from None
+    if size > MAX_YAML_VALUES:
+        raise yaml.YAMLError(f"with its aliases expanded the YAML holds more than {MAX_YAML_VALUES:,} values "
+                             "(a recipe holds hundreds)")
+    return values
+
+
+def _expanded_size(value: Any, sizes: dict[int, int], open_ids: set[int]) -> int:
+    """How many values ``value`` holds with every alias expanded, each shared list or mapping
+    counted once per use but walked once (``sizes``, by id); a YAMLError if it contains itself."""
+    if not isinstance(value, (list, dict)):
+        return 1
+    key = id(value)
+    if key in sizes:
+        return sizes[key]
+    if key in open_ids:
+        raise yaml.YAMLError("the YAML refers to itself (an alias inside its own anchor)")
+    open_ids.add(key)
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    size = 1
+    for item in items:
+        size += _expanded_size(item, sizes, open_ids)
+        if size > MAX_YAML_VALUES:
+            break
+    open_ids.discard(key)
+    sizes[key] = size
+    return size
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from ssog.files import FolderLock, is_temporary, write_atomic
 
 __all__ = [
     "CONFIG_HEADER", "RUN_FILES", "RUN_MARKER", "check_output", "check_resumable", "claim_run_folder",
-    "default_output", "is_run_config", "saved_no_checkpoint",
+    "default_output", "is_run_config", "refuse_run_file", "saved_no_checkpoint",
 ]
 
 #: A file every run writes in its folder with its ``config.yaml``: the folder's
@@ -74,6 +74,21 @@ def saved_no_checkpoint(run: Path, config_fields: Collection[str] = ()) -> bool:
     config = run / "config.yaml"
     return (config.is_file() and not (run / "last.safetensors").exists() and not (run / "summary.json").exists()
             and is_run_config(config, config_fields))
+
+
+def refuse_run_file(path: str | Path, option: str, reading: Collection[str | Path] = ()) -> None:
+    """Raise ValueError when ``path`` (a file a command is about to write, given as ``option``)
+    is a file a run owns (one of :data:`RUN_FILES` of a run's folder, :func:`is_run_config`, or
+    inside one of them) or one of the files ``reading`` (the command's inputs): such a file is
+    never replaced, ``--overwrite`` or not."""
+    path = Path(path).expanduser().resolve()
+    for given in reading:
+        if Path(given).expanduser().resolve() == path:
+            raise ValueError(f"{option} {path} is the file this command reads ({given}); write to another file")
+    for folder in path.parents:
+        if path.relative_to(folder).parts[0] in RUN_FILES and is_run_config(folder / "config.yaml"):
+            raise ValueError(f"{option} {path} is a file of the run in {folder}, which is never replaced; "
+                             "write to another file")
 
 
 def check_resumable(run: Path) -> None:

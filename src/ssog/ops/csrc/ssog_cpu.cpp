@@ -136,13 +136,14 @@ inline vec exp_clamped(vec x) {
 inline void gaussian_row(float centre, float sigma, float weight, int length, float* row) {
   const float scale = -0.5f / (sigma * sigma);
   const float nearest = std::min(std::max(__builtin_nearbyintf(centre), 0.0f), static_cast<float>(length - 1));
-  const float shift = -scale * (nearest - centre) * (nearest - centre);
+  const float nearest_offset = nearest - centre;
   const vec lanes = lane_index();
   vec total = {};
   for (int j = 0; j < length; j += kLanes) {
     const vec key = lanes + static_cast<float>(j);
-    const vec offset = key - centre;
-    vec logit = scale * offset * offset + shift;
+    // (j - c)^2 - (n - c)^2 as (j - n) ((j - c) + (n - c)): 0 at the nearest key and never
+    // positive, however far the centre (the difference of squares cancels there).
+    vec logit = scale * (key - nearest) * ((key - centre) + nearest_offset);
     logit = logit < kLogitFloor ? kLogitFloor : logit;  // NaN parameters stay NaN
     const vec value = key < static_cast<float>(length) ? exp_clamped(logit) : vec{};
     store(row + j, value);
