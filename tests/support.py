@@ -27,3 +27,19 @@ def image_tree(root: Path, splits: Sequence[str] = ("train", "val"), classes: Se
 def run_history(run: Path) -> list[dict[str, Any]]:
     """The rows of a run's ``log.jsonl``, one per epoch."""
     return [json.loads(line) for line in (Path(run) / "log.jsonl").read_text().splitlines()]
+
+
+def crash_after_save(monkeypatch, step: int):
+    """Make a run raise KeyboardInterrupt right after it saved its checkpoint at optimizer step
+    ``step`` (a kill between two steps); returns the real ``Trainer.save_last``."""
+    from ssog.train.engine import Trainer
+
+    original = Trainer.save_last
+
+    def save_then_crash(self, **kwargs):
+        original(self, **kwargs)
+        if self.global_step == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_last", save_then_crash)
+    return original

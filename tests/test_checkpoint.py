@@ -14,11 +14,10 @@ from safetensors.torch import save_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
-from support import run_history
+from support import crash_after_save, run_history
 from ssog.cli import main
 from ssog.train import check_state_dict, load_checkpoint, save_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
-from ssog.train.engine import Trainer
 
 METRICS = ("train_loss", "val_loss", "acc1", "acc3", "acc5", "lr", "step", "grad_norm")
 
@@ -144,14 +143,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, monkeypatch, ti
     options = dict(epochs=3, augment="strong", drop_path=0.1, ema_decay=0.9, checkpoint_every=3)
     reference = train(tiny_config(tmp_path / "ref", **options))
 
-    original = Trainer.save_last
-
-    def save_then_crash(self, **kwargs):
-        original(self, **kwargs)
-        if self.global_step == 6:  # mid-epoch 2 (4 steps per epoch)
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_crash)
+    crash_after_save(monkeypatch, 6)  # mid-epoch 2 (4 steps per epoch)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_config(tmp_path / "run", **options))
     monkeypatch.undo()

@@ -9,12 +9,11 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from timm.data.transforms import RandomResizedCropAndInterpolation
 
-from support import run_history
+from support import crash_after_save, run_history
 from ssog.data import TransformedDataset, build_transform, get_augmentation
 from ssog.data.builtin import ArrayDataset
 from ssog.data.memory import MemoryImages, TensorCrop, memory_datasets, tensor_crop
 from ssog.train import train
-from ssog.train.engine import Trainer
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
@@ -111,14 +110,7 @@ def test_the_in_memory_path_refuses_what_it_cannot_apply():
 def test_a_run_in_memory_resumes_exactly_and_logs_where_its_cpu_went(tmp_path, monkeypatch, tiny_config):
     options = dict(epochs=2, augment="weak", data_in_memory=True, checkpoint_every=2)
     reference = train(tiny_config(tmp_path / "ref", **options))
-    original = Trainer.save_last
-
-    def save_then_crash(self, **kwargs):
-        original(self, **kwargs)
-        if self.global_step == 6:  # mid-epoch 2 (4 steps per epoch)
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_crash)
+    crash_after_save(monkeypatch, 6)  # mid-epoch 2 (4 steps per epoch)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_config(tmp_path / "run", **options))
     monkeypatch.undo()

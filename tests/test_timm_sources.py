@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
+from support import crash_after_save
 from ssog.data import ArrayDataset, build_datasets
 from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train.checkpoint import read_checkpoint_info
@@ -142,19 +143,6 @@ def test_stream_deals_shards_and_resumes_at_a_shard_boundary(shards):
     assert not halves[0] & halves[1] and halves[0] | halves[1] == {bytes(s[0].numpy()) for s in whole}
 
 
-def _crash_after(monkeypatch, step):
-    """Make a run raise KeyboardInterrupt after it saved at ``step``; returns the real save."""
-    original = Trainer.save_last
-
-    def save_then_crash(self):
-        original(self)
-        if self.global_step == step:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_crash)
-    return original
-
-
 @pytest.mark.parametrize("workers, finished", [(0, {0: 1}), (2, {0: 1, 1: 0})])
 def test_killed_stream_run_resumes_at_its_shard_position(workers, finished, shards, tmp_path, monkeypatch,
                                                          tiny_config):
@@ -162,7 +150,7 @@ def test_killed_stream_run_resumes_at_its_shard_position(workers, finished, shar
     reader: 2 batches of 8 finished its first shard of 16; two loader workers, taking batches in
     turn: the first has, the second has not); the resume skips those shards and ends the epoch."""
     options = dict(dataset="wds/tiny", data_dir=str(shards), checkpoint_every=3, num_workers=workers)
-    _crash_after(monkeypatch, 3)
+    crash_after_save(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         train(_options(tiny_config, tmp_path / "run", **options))
     monkeypatch.undo()
@@ -184,7 +172,7 @@ def test_tfds_goes_through_timms_reader_and_restarts_its_epoch(shards, tmp_path,
         return real("wds/tiny", root=str(shards), split=split, batch_size=8, **kwargs)
 
     monkeypatch.setattr(timm.data, "create_dataset", stand_in)
-    save_last = _crash_after(monkeypatch, 2)
+    save_last = crash_after_save(monkeypatch, 2)
     cfg = _options(tiny_config, tmp_path / "run", dataset="tfds/tiny", num_classes=CLASSES, checkpoint_every=2)
     with pytest.raises(KeyboardInterrupt):
         train(cfg)

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from support import run_history
+from support import crash_after_save, run_history
 from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train import api as api_module
 from ssog.train import engine as engine_module
 from ssog.train import logger as logger_module
 from ssog.train.checkpoint import read_checkpoint_info
-from ssog.train.engine import Trainer
 from ssog.train.logger import WANDB_ID_FILE, curves_figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,14 +50,7 @@ def test_resume_with_grad_accumulation_reproduces_uninterrupted_run(tmp_path, mo
     drop-path and EMA drawing random numbers) ends exactly as the uninterrupted run."""
     options = dict(epochs=2, augment="strong", drop_path=0.1, ema_decay=0.9, checkpoint_every=3, grad_accum_steps=2)
     reference = train(tiny_config(tmp_path / "ref", **options))
-    original = Trainer.save_last
-
-    def save_then_crash(self):
-        original(self)
-        if self.global_step == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_last", save_then_crash)
+    crash_after_save(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_config(tmp_path / "run", **options))
     monkeypatch.undo()
