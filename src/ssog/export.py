@@ -28,8 +28,9 @@ from torch import nn
 from .files import refuse_existing, replacing
 
 __all__ = [
-    "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "dynamic_image_shapes", "export_onnx",
-    "check_hub_id", "missing_export_packages", "model_card", "run_summary", "training_recipe", "verify_onnx",
+    "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "check_export_memory", "check_hub_id",
+    "dynamic_image_shapes", "export_onnx", "missing_export_packages", "model_card", "run_summary", "training_recipe",
+    "verify_onnx",
 ]
 
 
@@ -121,7 +122,7 @@ def export_onnx(
             raise ValueError(f"a dynamic image size is traced at {MIN_PATCHES} patches per side or more; "
                              f"{height}x{width} has fewer")
         sizes.append((height + 2 * rows, width + cols))
-    _check_memory(model, input_size, sizes, batch_size)
+    check_export_memory(model, input_size, sizes, batch_size)
     generator = torch.Generator().manual_seed(seed)
     example = torch.randn(batch_size, *input_size, generator=generator)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,8 +171,8 @@ def _write_data_config(path: Path, model: nn.Module, input_size: tuple[int, int,
     return metadata
 
 
-def _check_memory(model: nn.Module, input_size: tuple[int, int, int], sizes: list[tuple[int, int]],
-                  batch_size: int) -> None:
+def check_export_memory(model: nn.Module, input_size: tuple[int, int, int], sizes: list[tuple[int, int]],
+                        batch_size: int) -> None:
     """Raise MemoryError, naming the image size, when the export's least memory (its input
     images, and for a model with patches two token activations of the checked batch, fp32)
     is beyond what this machine has available: the size would page for hours, not fail."""

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_hf(args)
     if args.hub_id:
         raise ValueError("--hub-id names the hub repository in the model card of --format hf; an ONNX file has none")
-    from ssog.export import MIN_PATCHES, ExportMismatch, export_onnx, missing_export_packages
+    from ssog.export import MIN_PATCHES, ExportMismatch, check_export_memory, export_onnx, missing_export_packages
     from ssog.files import refuse_existing
     from ssog.train.run_folder import refuse_run_file
 
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
         model, name = model_from_checkpoint(args.checkpoint, ema=args.ema), args.checkpoint
     input_size = _input_size(model, args.img_size)
+    check_export_memory(model, input_size, [input_size[1:]], args.batch_size)  # before moving to that size
     ratio, rescaled = _move_to(model, input_size, args.img_size, args.rescale_kernels)
     try:
         result = export_onnx(model, args.output, input_size, batch_size=args.batch_size,

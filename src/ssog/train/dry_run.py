@@ -205,7 +205,7 @@ def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -
     if nproc < 1 or nnodes < 1:
         raise ValueError(f"--nproc and --nnodes must be >= 1, got {nproc} and {nnodes}")
     devices, global_batch = nproc * nnodes, cfg.batch_size
-    if global_batch % (devices * cfg.grad_accum_steps):
+    if devices > 1 and global_batch % (devices * cfg.grad_accum_steps):  # one device: the real run's own check
         raise ValueError(f"batch_size {global_batch} must be divisible by the {devices} devices (--nproc {nproc} x "
                          f"--nnodes {nnodes}) x grad_accum_steps {cfg.grad_accum_steps}")
     cfg = dataclasses.replace(cfg, batch_size=global_batch // devices)  # one device's share
