@@ -66,8 +66,7 @@ def test_imports_go_down_the_layers(path):
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
-def test_files_stay_small_and_public_modules_declare_their_exports(path):
-    assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(SRC)} is over 500 lines: split it"
+def test_public_modules_declare_their_exports(path):
     public = not any(part.startswith("_") for part in path.relative_to(SRC).with_suffix("").parts) \
         or path.name == "__init__.py"
     if public and path.parent.name != "cli" and path.name != "__main__.py":
