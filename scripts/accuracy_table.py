@@ -167,7 +167,16 @@ def _operator_label(config: dict, operator: str) -> str:
     return f"SSoG steer {'+'.join(steer)} ({'cold' if gate <= -4 else 'warm'})"
 
 
-def _gflops(config: dict) -> float:
+def _num_classes(config: dict, summary: dict) -> int:
+    """The run's classifier outputs: its summary's (runs since the data-path change write it), else
+    its config's ``num_classes``."""
+    classes = summary.get("num_classes") or config.get("num_classes")
+    if not classes:
+        raise SystemExit(f"{summary.get('model')}: its summary.json and config.yaml do not say its classes")
+    return classes
+
+
+def _gflops(config: dict, num_classes: int) -> float:
     """Forward GFLOPs of one image of the run's model (built on the meta device)."""
     import timm
     import torch
@@ -176,8 +185,8 @@ def _gflops(config: dict) -> float:
     from ssog.models import count_flops
 
     with torch.device("meta"):
-        model = timm.create_model(config["model"], num_classes=config.get("num_classes") or 10,
-                                  img_size=config["img_size"], **(config.get("model_kwargs") or {})).eval()
+        model = timm.create_model(config["model"], num_classes=num_classes, img_size=config["img_size"],
+                                  **(config.get("model_kwargs") or {})).eval()
     return count_flops(model)["total_gflops"]
 
 
@@ -195,7 +204,8 @@ def paper_table(runs: list[Path]) -> list[str]:
         width = (config.get("model_kwargs") or {}).get("embed_dim", "preset")
         row = rows.setdefault(_identity(config), {
             "group": (family, width, grid, epochs), "label": _operator_label(config, operator),
-            "params": summary["params"], "gflops": _gflops(config), "acc1": [], "acc5": []})
+            "params": summary["params"], "gflops": _gflops(config, _num_classes(config, summary)), "acc1": [],
+            "acc5": []})
         row["acc1"].append(last["acc1"])
         row["acc5"].append(last["acc5"])
     lines = ["| family | width | tokens | epochs | operator | seeds | params | saving | GFLOPs | Acc@1 | Acc@5 "

@@ -476,7 +476,8 @@ class Trainer:
             "epochs": final["epoch"], "params": self.params,
             "best_acc1": self.best["acc1"], "best_epoch": self.best["epoch"], "best_metric": self.best_metric(),
             "train_loss": final["train_loss"],
-            "model": self.cfg.model, "dataset": self.cfg.dataset, "img_size": self.data.img_size,
+            "model": self.cfg.model, "dataset": self.cfg.dataset, "num_classes": self.data.info.num_classes,
+            "img_size": self.data.img_size,
             "steps": self.global_step, "max_steps": self.cfg.max_steps, "world_size": self.ctx.world_size,
             "train_time_s": sum(times), "time_per_epoch_s": sum(times) / len(times),
         }
