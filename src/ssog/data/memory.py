@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from timm.data import create_transform
 from timm.data.transforms import RandomResizedCropAndInterpolation
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from ssog.data.loader import TransformedDataset, sample_seed
+from ssog.data.loader import StopSafeDataLoader, TransformedDataset, sample_seed
 from ssog.data.transforms import Augmentation
 
 __all__ = ["TENSOR_INTERPOLATIONS", "TensorCrop", "MemoryImages", "decode_images", "tensor_crop", "memory_datasets"]
@@ -133,7 +133,7 @@ def decode_images(dataset: Dataset, transform: Callable | None = None, num_worke
     as decoded), as uint8 ``(N, C, H, W)`` and int64 targets ``(N,)``; decoded by
     ``num_workers`` loader processes. Images of different sizes are a ValueError naming two."""
     items = TransformedDataset(dataset, lambda image: _as_uint8_chw(transform(image) if transform else image))
-    loader = DataLoader(items, batch_size=256, num_workers=num_workers, collate_fn=_as_arrays)
+    loader = StopSafeDataLoader(items, batch_size=256, num_workers=num_workers, collate_fn=_as_arrays)
     images, targets = [], []
     for batch in loader:
         images.extend(torch.from_numpy(image) for image, _ in batch)
