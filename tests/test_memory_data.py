@@ -100,10 +100,11 @@ def test_the_in_memory_path_refuses_what_it_cannot_apply():
         tensor_crop(get_augmentation("strong"), (8, 8), "bicubic")
     with pytest.raises(ValueError, match="resamples with bicubic, bilinear, nearest or random, not 'lanczos'"):
         tensor_crop(get_augmentation("weak"), (8, 8), "lanczos")
-    mixed = [(Image.new("RGB", (8, 8)), 0), (Image.new("RGB", (8, 6)), 1)]
+    mixed = [(Image.new("RGB", (8, 8)), 0), (Image.new("RGB", (8, 8)), 0), (Image.new("RGB", (8, 6)), 1),
+             (Image.new("RGB", (8, 6)), 1)]
     config = {"input_size": (3, 8, 8), "crop_pct": 1.0, "interpolation": "bicubic", "mean": MEAN, "std": STD}
     with pytest.raises(ValueError, match=r"needs images of one size, but the training set holds 8x8 \(sample 0\) "
-                                         r"and 6x8 \(sample 1\)"):
+                                         r"and 6x8 \(sample 2\)"):
         memory_datasets(mixed, mixed, config, get_augmentation("weak"), seed=0)
 
 

@@ -1,8 +1,8 @@
 """A small-image data set decoded once into memory and augmented on tensors, a batch at a time.
 
 For data that fits in memory (CIFAR, Tiny-ImageNet), decoding every image every epoch and
-augmenting it with PIL, one image at a time in loader workers, costs about as much CPU as
-training a small model. :class:`MemoryImages` keeps the images as one uint8 tensor
+augmenting it with PIL, one image at a time in loader workers, takes a large share of a small
+model's CPU (docs/results/training_speed.md). :class:`MemoryImages` keeps the images as one uint8 tensor
 ``(N, C, H, W)`` and serves whole batches through the loader's ``__getitems__``, so no
 worker process is needed:
 
@@ -58,7 +58,7 @@ class TensorCrop:
         path (the box and filter from python's ``random``, the flip from torch's generator).
 
         timm's ``RandomResizedCropAndInterpolation.get_params`` draws from the global ``random``
-        module; a generator seeded for this image stands in for it during the call."""
+        module: it is seeded for this image during the call and restored after it."""
         global_random = random.getstate()
         random.seed(seed)
         try:
@@ -138,7 +138,9 @@ def decode_images(dataset: Dataset, transform: Callable | None = None, num_worke
     for batch in loader:
         images.extend(torch.from_numpy(image) for image, _ in batch)
         targets.extend(target for _, target in batch)
-    shapes = {tuple(image.shape): index for index, image in enumerate(images)}
+    shapes: dict[tuple[int, ...], int] = {}  # each size's first sample
+    for index, image in enumerate(images):
+        shapes.setdefault(tuple(image.shape), index)
     if len(shapes) > 1:
         (first, i), (second, j) = list(shapes.items())[:2]
         raise ValueError(f"data_in_memory needs images of one size, but the {where} holds {first[1]}x{first[2]} "
