@@ -137,6 +137,40 @@ def test_margin_plot_pairs_runs_by_family_grid_and_length(tmp_path, capsys):
         table.paired_acc1(runs + [fake_run("again", "mha_vit_tiny_patch4_32", 2, [1.0, 2.0])])
 
 
+def test_paper_table_averages_seeds_and_plots_each_settings_margin(tmp_path, capsys):
+    def fake_run(name, model, acc1, seed=0, epochs=2, **kwargs):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(json.dumps({"model": model, "model_kwargs": {"embed_dim": 64} | kwargs,
+                                                     "img_size": 32, "epochs": epochs, "seed": seed}))
+        (run / "log.jsonl").write_text("".join(json.dumps({"epoch": e + 1, "acc1": acc1 - 1 + e, "acc5": 90.0})
+                                               + "\n" for e in range(2)))
+        (run / "summary.json").write_text(json.dumps({"params": 1000 if model.startswith("mha") else 900,
+                                                      "num_classes": 100}))
+        return run
+
+    runs = [fake_run("m0", "mha_vit_tiny_patch4_32", 40.0), fake_run("m1", "mha_vit_tiny_patch4_32", 42.0, seed=1),
+            fake_run("s0", "ssog_vit_tiny_patch4_32", 44.0), fake_run("s1", "ssog_vit_tiny_patch4_32", 45.0, seed=1),
+            fake_run("steer", "ssog_vit_tiny_patch4_32", 40.0, steer=["mu"]),
+            fake_run("lonely", "ssog_loopvit_tiny_patch4_32", 50.0),
+            fake_run("short", "ssog_vit_tiny_patch4_32", 60.0, epochs=3)]
+    table = _accuracy_table()
+    lines = table.paper_table(runs)
+    assert f"note: {tmp_path / 'short'} has 2 of its 3 epochs: left out" in capsys.readouterr().out
+    vit = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("| vit |")]
+    # operator, seeds, params, saving, (GFLOPs), Acc@1, Acc@5, margin
+    assert [row[4:8] + row[9:] for row in vit] == [
+        ["MHA", "40.00, 42.00", "1,000", "", "41.00", "90.00", ""],
+        ["SSoG", "44.00, 45.00", "900", "10.0%", "44.50", "90.00", "+3.50"],
+        ["SSoG steer mu (cold)", "1", "900", "10.0%", "40.00", "90.00", "-1.00"]]
+    table.setting_margin_plot(runs, tmp_path / "margins.png", "fake", {"vit": 2.0})
+    assert (tmp_path / "margins.png").stat().st_size > 0
+    assert "note: loopvit width 64 8x8 tokens has no MHA run: not in the margin plot" in capsys.readouterr().out
+    assert table._goals("vit=2,loopvit=5") == {"vit": 2.0, "loopvit": 5.0}
+    with pytest.raises(SystemExit, match="--goals 'vit': expected FAMILY=POINTS"):
+        table._goals("vit")
+
+
 @pytest.mark.parametrize("family", ["vit", "loopvit", "odevit"])
 @pytest.mark.parametrize("op", ["mha", "ssog"])
 def test_parameter_groups_hold_every_trainable_parameter_once(family, op):
