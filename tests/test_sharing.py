@@ -14,7 +14,7 @@ from timm.layers import resample_abs_pos_embed
 
 import ssog  # noqa: F401  (registers the models)
 from ssog.cli import main
-from ssog.export import LIBRARY_TITLE, model_card
+from ssog.export import LIBRARY_TITLE, model_card, training_recipe
 from ssog.models import count_flops
 from ssog.train import load_checkpoint, train
 from ssog.train.transfer import model_from_checkpoint
@@ -62,6 +62,20 @@ def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
     assert "already holds a model (config.json)" in capsys.readouterr().err
     assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out), "--overwrite"]) == 2
     assert "--format hf writes a new folder and never replaces one" in capsys.readouterr().err
+
+
+def test_card_names_the_data_folder_not_the_trainers_path(run, monkeypatch):
+    import ssog.train.checkpoint as checkpoint
+
+    read = checkpoint.read_checkpoint_info
+
+    def read_from_a_folder(path):
+        info = read(path)
+        info["config"] |= {"dataset": "imagefolder", "data_dir": "/home/someone/data/cifar100"}
+        return info
+
+    monkeypatch.setattr(checkpoint, "read_checkpoint_info", read_from_a_folder)
+    assert training_recipe(run)["Data"] == "imagefolder, 8 px (folder cifar100)"
 
 
 def _front_matter_and_body(card: str) -> tuple[dict, str]:
