@@ -387,7 +387,7 @@ def test_half_precision_agrees_with_fp32(dtype, backend):
 # ------------------------------------------------------------------------ dispatch
 @pytest.fixture
 def without_cpp(monkeypatch):
-    """As on a machine without a C++ compiler (tests/test_cpp_kernels.py covers the cpp backend)."""
+    """As on a machine without a C++ compiler (tests/ops/test_cpp_kernels.py covers the cpp backend)."""
     from ssog.ops import cpp_kernels
 
     monkeypatch.setattr(cpp_kernels, "takes", lambda *args: False)
