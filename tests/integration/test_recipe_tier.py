@@ -27,7 +27,7 @@ from ssog.train import TrainConfig, recipe_variants, resolve_config, train
 
 pytestmark = [pytest.mark.recipe, pytest.mark.slow]
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if "_base" not in p.parts)
 #: The classes of each recipe data source, for the generated stand-in (an ImageFolder recipe
 #: is ImageNet's layout in configs/imagenet, CIFAR-10's in the CPU recipes).
@@ -40,7 +40,7 @@ TIER = dict(dataset="synthetic", synthetic_size=4, batch_size=2, grad_accum_step
             num_workers=0, device="cpu", threads=THREADS, progress=False, log_every=0)
 #: On a CPU without native bf16 kernels a 224-px run under the recipes' bf16 autocast took
 #: about 170 s instead of 21-32 (the suite was 63% through after 25 minutes), so there the tier runs in fp32;
-#: bf16 autocast itself is tested on a tiny model (test_train.py, test_mixed_precision_runs).
+#: bf16 autocast itself is tested on a tiny model (tests/train/test_train.py, test_mixed_precision_runs).
 if not cpu_has_native_bf16():
     TIER["amp"] = "none"
 

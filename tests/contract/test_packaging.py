@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The installed package's metadata, which pip wrote from pyproject.toml.
 METADATA = importlib.metadata.metadata("ssog")
 

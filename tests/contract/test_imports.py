@@ -1,6 +1,6 @@
 """``import ssog`` registers the models with timm (SPEC §4), whichever of ssog and timm is
 imported first; each case runs in a fresh interpreter, since imports are process-wide.
-(That the operator's modules import torch alone is tests/test_ops.py's.)"""
+(That the operator's modules import torch alone is the torch-alone import contract in pyproject.toml.)"""
 from __future__ import annotations
 
 import os

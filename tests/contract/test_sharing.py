@@ -19,7 +19,7 @@ from ssog.models import count_flops
 from ssog.train import load_checkpoint, train
 from ssog.train.transfer import model_from_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = "ssog_vit_micro_patch1_8"
 KWARGS = dict(embed_dim=16, num_heads=2, depth=2)

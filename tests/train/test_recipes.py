@@ -1,5 +1,5 @@
 """Every recipe under configs/: its real model builds (on the meta device), its references
-hold, and it keeps the paper's settings. tests/test_recipe_tier.py trains each at its real size."""
+hold, and it keeps the paper's settings. tests/integration/test_recipe_tier.py trains each at its real size."""
 from pathlib import Path
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 from ssog.train import load_recipe, recipe_variants, resolve_config
 from ssog.train.builders import build_model
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if "_base" not in p.parts)
 RUNS = [(p, v) for p in RECIPES for v in (recipe_variants(p) or [None])]
 CLASSES = {"cifar10": 10, "cifar100": 100, "imagefolder": 1000}

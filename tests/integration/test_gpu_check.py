@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
 
 
 def test_dry_run_runs_every_phase_and_writes_results(tmp_path, run_child):

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # each test runs a whole example of the docs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CONTINUES = "# continues the block above"
 NEEDS = "# needs:"

@@ -10,7 +10,7 @@ from ssog.train.builders import ModelBuildError
 from ssog.train.dry_run import dry_run, format_dry_run
 from ssog.train.engine import Trainer
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_max_steps_ends_the_run_evaluated_and_saved(tiny_config, tmp_path):

@@ -15,7 +15,7 @@ from ssog.train.builders import build_data, run_data_config
 from ssog.train.distributed import init_distributed
 from ssog.train.transfer import model_from_checkpoint
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TINY_PRESET = "ssog_vit_tiny_patch4_32"
 
 

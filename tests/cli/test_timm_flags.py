@@ -18,7 +18,7 @@ from ssog.data.transforms import AUGMENTATIONS, build_transform, configure_augme
 from ssog.train import TrainConfig
 from ssog.train.builders import build_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN_PARSER = build_parsers()[1]["train"]
 WEAK = ["--augment", "weak"]
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -387,7 +386,7 @@ def test_half_precision_agrees_with_fp32(dtype, backend):
 # ------------------------------------------------------------------------ dispatch
 @pytest.fixture
 def without_cpp(monkeypatch):
-    """As on a machine without a C++ compiler (tests/test_cpp_kernels.py covers the cpp backend)."""
+    """As on a machine without a C++ compiler (tests/ops/test_cpp_kernels.py covers the cpp backend)."""
     from ssog.ops import cpp_kernels
 
     monkeypatch.setattr(cpp_kernels, "takes", lambda *args: False)
@@ -568,20 +567,3 @@ def test_a_mixture_of_no_atoms_is_one_line():
     with pytest.raises(ValueError, match="at least 1 atom"):
         ssog_mix(v, torch.zeros(1, 2, 16, 0, 2), torch.ones(1, 2, 16, 0, 2), torch.ones(1, 2, 16, 0), (4, 4))
 
-
-@pytest.mark.parametrize("subpackage", ["ops", "layers"])
-def test_the_operator_and_its_layers_import_torch_alone(subpackage):
-    """The operator and the mixers are torch code: a copy of ``ssog/ops`` and ``ssog/layers``
-    runs without timm, torchdiffeq or torchvision (Triton only inside its backend)."""
-    import ast
-    from pathlib import Path
-
-    import ssog
-
-    allowed = {"torch", "numpy", "triton", *sys.stdlib_module_names}
-    for path in (Path(ssog.__file__).parent / subpackage).glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            outside = [name for name in names if name.split(".")[0] not in allowed]
-            assert not outside, f"{path.name} imports {outside}"

@@ -16,7 +16,7 @@ from ssog.train import (
 from ssog.train.builders import build_model
 from ssog.train.metrics import parameter_groups
 
-ACCURACY_TABLE = Path(__file__).resolve().parents[1] / "scripts" / "accuracy_table.py"
+ACCURACY_TABLE = Path(__file__).resolve().parents[2] / "scripts" / "accuracy_table.py"
 
 
 # ---------------------------------------------------------------- configs and recipes

@@ -1,7 +1,7 @@
 """timm's own ``train.py`` trains the ssog models: what it calls, called as it calls it.
 
 ``train.py --device-modules ssog`` imports ssog after timm (which registers the models;
-tests/test_imports.py checks that order in a fresh interpreter), then builds the model with
+tests/contract/test_imports.py checks that order in a fresh interpreter), then builds the model with
 ``timm.create_model`` and its own keyword set, resolves the data config from the model,
 builds the optimizer with ``optimizer_kwargs`` (``--layer-decay``), and trains. The script is
 not part of the timm wheel, so these are its calls, not the script.

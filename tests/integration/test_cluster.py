@@ -19,7 +19,7 @@ from support import run_history
 from ssog.cli import main
 from ssog.train.checkpoint import read_checkpoint_info
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(tiny_config, output: Path, *extra: str) -> list[str]:

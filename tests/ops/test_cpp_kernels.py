@@ -80,7 +80,7 @@ def test_cpp_propagates_non_finite_parameters():
     assert out[0, 0, :5].isfinite().all() and out[0, 0, 6:].isfinite().all()
 
 
-# Parameter values the checks refuse, and the error that names them (tests/test_ops.py's BAD_INPUTS).
+# Parameter values the checks refuse, and the error that names them (tests/ops/test_ops.py's BAD_INPUTS).
 OUT_OF_RANGE = [
     ("sigma_zero", "sigma", (0, 1, 0), 0.0, "sigma must be > 0"),
     ("sigma_negative", "sigma", (1, 0, 1), -1.0, "sigma must be > 0"),

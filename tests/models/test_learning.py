@@ -166,7 +166,7 @@ def test_tiny_recipe_is_what_the_ablation_measured(variant):
 
     from ssog.train import resolve_config
 
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = Path(__file__).resolve().parents[2] / "configs"
     ablation_variant, overrides = TINY_RECIPE_RUNS[variant]
 
     layer_defaults = {
@@ -196,7 +196,7 @@ def test_fine_recipe_changes_only_the_grid_and_the_rate(variant):
 
     from ssog.train import resolve_config
 
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = Path(__file__).resolve().parents[2] / "configs"
     fine = resolve_config(configs / "cifar10_fine.yaml", variant).to_dict()
     tiny = resolve_config(configs / "cifar10_tiny.yaml", variant).to_dict()
     assert fine["model_kwargs"].pop("patch_size") == 2 and "patch_size" not in tiny["model_kwargs"]

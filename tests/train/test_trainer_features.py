@@ -19,7 +19,7 @@ from ssog.train import logger as logger_module
 from ssog.train.checkpoint import read_checkpoint_info
 from ssog.train.logger import WANDB_ID_FILE, curves_figure
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METRICS = ("train_loss", "val_loss", "acc1", "acc3", "acc5", "lr", "step", "grad_norm")
 
 
