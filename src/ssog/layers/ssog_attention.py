@@ -422,8 +422,8 @@ class SSoGAttention(nn.Module):
         capture (``torch.compile``, ``torch.export``, ``torch.jit.trace``: a graph must build
         ``A`` from the parameters, not hold a cached copy) and :func:`ssog.ops.forced_backend`.
         On small grids, building the kernels and the separable path's blocks cost more than
-        one GEMM with a prebuilt ``A`` (1.9x at 14x14, docs/results/operator.md, "Inference
-        with a prebuilt A"), and with fixed kernels ``A`` only changes when the parameters do
+        one GEMM with a prebuilt ``A`` (docs/results/operator.md, "Inference with a prebuilt
+        A"), and with fixed kernels ``A`` only changes when the parameters do
         (:meth:`_mixture_key`).
         """
         if self.steer or torch.is_grad_enabled() or capturing_graph() or forced_backend_name():
