@@ -9,7 +9,7 @@ share the run of the first variant with the same model and pipeline, in their re
 another (the ablation tables repeat ODE-ViT-B's base run): :func:`pipeline_key` says what
 makes a run distinct.
 A transfer variant starts from the tier's own run of the recipe it names (``init_from``).
-``pytest -m recipe`` runs this tier alone; docs/training.md lists it with each run's time.
+``pytest -m recipe`` runs this tier alone; docs/development.md lists it with each run's time.
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_recipe_runs_at_its_real_size(run, tier_folder, monkeypatch, record_prop
     monkeypatch.chdir(tier_folder)
     cfg, summary = tier_run(*run)
     assert summary["steps"] == 2 and summary["epochs"] == 1
-    record_property("step_s", summary["train_time_s"] / summary["steps"])  # for docs/training.md's table
+    record_property("step_s", summary["train_time_s"] / summary["steps"])  # for docs/development.md's table
     folder = Path(cfg.output)
     assert (folder / "last.safetensors").is_file() and (folder / "summary.json").is_file()
     if str(folder / "best.safetensors") not in SOURCES:

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ssog.layers import CenterNorm, MultiHeadAttention, SSoGAttention, multiscale_widths
+from ssog.layers import CenterNorm, MultiHeadAttention, SSoGAttention, follow_model_grid, multiscale_widths
 
 GRID = (5, 6)
 DIM, HEADS = 48, 4
@@ -304,6 +304,7 @@ def _timm_vit(attn_layer, **kwargs):
 def test_timm_builds_a_vit_on_ssog_attention():
     model = _timm_vit(SSoGAttention, global_pool="avg")
     assert all(type(block.attn) is SSoGAttention and block.attn.num_prefix_tokens == 1 for block in model.blocks)
+    follow_model_grid(model)
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     assert all(block.attn.mu.grad.abs().sum() > 0 for block in model.blocks)
 
@@ -314,6 +315,7 @@ def test_timm_attention_arguments_are_honoured():
     layer = SSoGAttention.configured(num_prefix_tokens=0, steer=("mu",), steer_gate_init=0.0, num_atoms=2)
     model = _timm_vit(layer, class_token=False, global_pool="avg", qkv_bias=False, proj_bias=False, qk_norm=True,
                       scale_attn_norm=True, attn_drop_rate=0.25, proj_drop_rate=0.5)
+    follow_model_grid(model)
     attn = model.blocks[0].attn
     assert isinstance(attn, SSoGAttention) and (attn.num_prefix_tokens, attn.num_atoms, attn.steer) == (0, 2, ("mu",))
     assert attn.v.bias is None and attn.proj.bias is None
@@ -335,19 +337,21 @@ def test_timm_attention_arguments_are_honoured():
     torch.testing.assert_close(attn(x), expected)
 
 
-def test_the_grid_is_found_or_its_need_named():
+def test_the_grid_is_given_or_its_need_named():
+    """Without a grid (timm's call) the layer refuses, even where the tokens would make a square
+    after its prefix tokens: it cannot tell that square from another grid of as many patches."""
     layer = SSoGAttention(DIM, HEADS).double()
     x = tokens(grid=(6, 6))
-    torch.testing.assert_close(layer(x), layer(x, (6, 6)))  # a square after the class token
-    layer.grid_size = GRID  # as ssog.convert sets it from each image
+    no_grid = r"got 37 tokens and no token grid: .*follow_model_grid\(model\) \(ssog.convert does\).*grid_size=\(Hg, Wg"
+    with pytest.raises(ValueError, match=no_grid):
+        layer(x)
+    with pytest.raises(ValueError, match="no token grid"):
+        layer.attention_matrix(x)
+    layer.grid_size = GRID  # as follow_model_grid sets it from each image
     torch.testing.assert_close(layer(tokens()), layer(tokens(), GRID))
-    layer.grid_size = None
-    with pytest.raises(ValueError, match=r"31 tokens less num_prefix_tokens=1 are not a square grid.*grid_size="
-                                         r".*configured\(num_prefix_tokens=\.\.\.\)"):
-        layer(tokens())
     with pytest.raises(ValueError, match="takes no attention mask"):
-        layer(x, attn_mask=torch.ones(37, 37, dtype=torch.bool))
-    with pytest.raises(ValueError, match="not a square grid"):
+        layer(x, (6, 6), attn_mask=torch.ones(37, 37, dtype=torch.bool))
+    with pytest.raises(ValueError, match="no token grid"):
         _timm_vit(SSoGAttention, class_token=False, global_pool="avg")(torch.randn(1, 3, 32, 32))
 
 

@@ -244,6 +244,32 @@ def test_attn_layer_learns_the_grid_and_prefix_tokens_from_the_model():
         follow_model_grid(torch.nn.Linear(2, 2))
 
 
+def test_attn_layer_without_the_models_grid_refuses_where_a_square_would_fit():
+    """4 register tokens and a 4x3 grid make 17 tokens: one class token and a 4x4 square would fit.
+    A bare attn_layer refuses in one line naming follow_model_grid; once called, the layers mix
+    each block's patch tokens on the 4x3 grid after the 5 prefix tokens."""
+    from ssog.layers import follow_model_grid
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, attn_layer=SSoGAttention, img_size=(32, 24),
+                              patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, reg_tokens=4,
+                              global_pool="avg").eval()
+    images = torch.randn(2, 3, 32, 24)
+    with pytest.raises(ValueError, match=r"^SSoGAttention got 17 tokens and no token grid: .*"
+                                         r"ssog\.layers\.follow_model_grid\(model\)"):
+        model(images)
+    mixers = follow_model_grid(model)
+    seen = []
+    hook = mixers[1].register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+    logits = model(images)
+    hook.remove()
+    tokens, out = seen[0]
+    assert logits.shape == (2, 5) and tokens.shape[1] == 17 and mixers[1].num_prefix_tokens == 5
+    by_hand = SSoGAttention(32, 2, num_prefix_tokens=5).eval()
+    by_hand.load_state_dict(mixers[1].state_dict())
+    torch.testing.assert_close(out, by_hand(tokens, grid_size=(4, 3)))
+
+
 def test_convert_refuses_a_rope_model_naming_why():
     eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=56, num_classes=3)
     with pytest.raises(ValueError, match=r"cannot convert eva02_tiny_patch14_224 \(Eva\): its attention takes rotary "
