@@ -19,7 +19,10 @@ import pytest
 pytestmark = pytest.mark.slow  # each test runs a whole example of the docs
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The model cards of exported weights (a README.md beside the hub layout's config.json) are the hub's
+# pages, not docs: their usage block names a hub repository to fill in.
+PAGES = [ROOT / "README.md", *sorted(page for page in (ROOT / "docs").rglob("*.md")
+                                     if not (page.name == "README.md" and (page.parent / "config.json").is_file()))]
 CONTINUES = "# continues the block above"
 NEEDS = "# needs:"
 
