@@ -36,6 +36,28 @@ def test_version_answers_before_the_commands_load():
     assert result.stdout.splitlines() == [f"ssog {importlib.metadata.version('ssog')}", "[]"]
 
 
+def _console_script(*args: str) -> subprocess.CompletedProcess:
+    """The installed ``ssog`` console script's entry point run with ``args``, in a child process that
+    prints afterwards whether torch and ssog were imported."""
+    probe = "\n".join([
+        f"import sys; sys.argv = ['ssog', *{list(args)!r}]",
+        "from importlib.metadata import entry_points",
+        "(script,) = entry_points(group='console_scripts', name='ssog')",
+        "try:", "    code = script.load()()",  # --help ends in SystemExit
+        "finally:", "    print('torch' in sys.modules, 'ssog' in sys.modules)",
+        "sys.exit(code)"])
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+
+
+def test_the_console_script_answers_version_without_torch_and_forwards_the_rest():
+    result = _console_script("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"ssog {importlib.metadata.version('ssog')}", "False False"]
+    result = _console_script("--help")
+    assert result.returncode == 0, result.stderr
+    assert "train" in result.stdout and result.stdout.splitlines()[-1] == "True True"
+
+
 def test_license_file_is_the_mit_license_pyproject_declares():
     text = (ROOT / "LICENSE").read_text()
     assert METADATA["License"] == "MIT"
