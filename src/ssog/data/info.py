@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -179,7 +179,8 @@ def dataset_targets(dataset: Dataset) -> list[int]:
     if isinstance(dataset, Subset):
         targets = dataset_targets(dataset.dataset)
         return [targets[i] for i in dataset.indices]
-    return list(dataset.targets)
+    source: Any = dataset  # torchvision's, timm's and ssog's sources list targets; Dataset does not declare it
+    return list(source.targets)
 
 
 def training_subset(dataset: Dataset, size: int, seed: int) -> Dataset:
