@@ -86,7 +86,7 @@ def shown_names(names: Sequence[str], limit: int = 5) -> str:
 
 
 def stratified_split(
-    targets: Sequence[int], val_split: float | int, seed: int, class_names: Sequence[str] | None = None
+    targets: Sequence[int] | np.ndarray, val_split: float | int, seed: int, class_names: Sequence[str] | None = None
 ) -> tuple[list[int], list[int]]:
     """Seeded stratified split of ``range(len(targets))`` into (train, val) index lists.
 
