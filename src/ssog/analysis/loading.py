@@ -156,6 +156,7 @@ def image_batches(
     data_config = model_data_config(model, (in_chans, *img_size))  # the run's, recorded in the model
     transform = build_transform("none", img_size, data_config["mean"], data_config["std"], train=False,
                                 crop_pct=data_config["crop_pct"], interpolation=data_config["interpolation"])
-    subset = torch.utils.data.Subset(TransformedDataset(val, transform), range(min(num_images, len(val))))  # type: ignore[arg-type]
+    count = min(num_images, len(val))  # type: ignore[arg-type]  # torch's Dataset declares no __len__
+    subset = torch.utils.data.Subset(TransformedDataset(val, transform), range(count))
     for images, _ in build_loader(subset, batch_size, train=False):
         yield images.to(device)

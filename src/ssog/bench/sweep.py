@@ -337,7 +337,8 @@ def run_model_sweep(
                     **_flops(name, resolution),
                 }
                 # torch types compile's result as a callable; of a module it is a module
-                models[op] = torch.compile(model.to(device)) if config.compile else model.to(device)  # type: ignore[assignment]
+                compiled = torch.compile(model.to(device)) if config.compile else model.to(device)
+                models[op] = compiled  # type: ignore[assignment]
             except (RuntimeError, MemoryError) as error:
                 if not is_out_of_memory(error):
                     raise

@@ -121,7 +121,9 @@ def stratified_split(
     return _stratified_indices(targets, val_split, seed)
 
 
-def _stratified_indices(targets: Sequence[int], test_size: float | int, seed: int) -> tuple[list[int], list[int]]:
+def _stratified_indices(
+    targets: Sequence[int] | np.ndarray, test_size: float | int, seed: int
+) -> tuple[list[int], list[int]]:
     """The seeded stratified split of ``range(len(targets))`` as sorted (kept, held out) index
     lists; ``test_size`` is a fraction or a count, already checked.
 
