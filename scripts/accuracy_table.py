@@ -57,7 +57,7 @@ def plot(runs: list[Path], path: Path, title: str) -> None:
     for run in runs:
         history = _history(run)
         epochs = [r["epoch"] for r in history]
-        style = "--" if run.name.startswith("mha") else "-"
+        style = "--" if _is_mha(run) else "-"
         ax_acc.plot(epochs, [r["acc1"] for r in history], style, marker=".", label=run.name)
         (line,) = ax_loss.plot(epochs, [r["train_loss"] for r in history], style, label=f"{run.name} train")
         ax_loss.plot(epochs, [r["val_loss"] for r in history], style, color=line.get_color(), alpha=0.5)
@@ -97,13 +97,13 @@ def grad_plot(runs: list[Path], path: Path, title: str) -> None:
         for run, history in histories.items():
             points = [(r["epoch"], r["grad_norm"][group]) for r in history if r["grad_norm"].get(group)]
             if points:
-                style = "--" if run.name.startswith("mha") else "-"
+                style = "--" if _is_mha(run) else "-"
                 ax.plot(*zip(*points), style, marker=".", color=colours[run], label=run.name)
         ax.set(xlabel="epoch", ylabel="mean gradient L2 norm", title=group, yscale="log")
         ax.grid(alpha=0.3, which="both")
     for ax in axes.flat[len(groups):]:
         ax.set_visible(False)
-    handles = [plt.Line2D([], [], linestyle="--" if run.name.startswith("mha") else "-", marker=".",
+    handles = [plt.Line2D([], [], linestyle="--" if _is_mha(run) else "-", marker=".",
                           color=colours[run], label=run.name) for run in histories]
     axes.flat[0].legend(handles=handles, fontsize=7)
     if title:
@@ -111,6 +111,11 @@ def grad_plot(runs: list[Path], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
+
+
+def _is_mha(run: Path) -> bool:
+    """Whether the run's model mixes tokens by attention (drawn dashed), from its config.yaml."""
+    return _setting(run)[0] == "mha"
 
 
 def _setting(run: Path) -> tuple[str, str, str, int]:
@@ -190,15 +195,17 @@ def _gflops(config: dict, num_classes: int) -> float:
     return count_flops(model)["total_gflops"]
 
 
-def paper_table(runs: list[Path]) -> list[str]:
-    """Markdown rows in the paper's layout (module docstring), one per operator setting."""
+def _operator_rows(runs: list[Path]) -> dict[str, dict]:
+    """{setting: row}: each operator setting of the finished runs (seeds of one setting share a row),
+    with its group (family, width, token grid, epochs), label, parameters, GFLOPs and the last
+    epoch's Acc@1 and Acc@5 of each seed."""
     rows: dict[str, dict] = {}
     for run in runs:
         config = yaml.safe_load((run / "config.yaml").read_text())
         operator, family, grid, epochs = _setting(run)
         last = _history(run)[-1]
         if last["epoch"] < epochs:
-            print(f"note: {run} has {last['epoch']} of its {epochs} epochs: not in the table")
+            print(f"note: {run} has {last['epoch']} of its {epochs} epochs: left out")
             continue
         summary = json.loads((run / "summary.json").read_text())
         width = (config.get("model_kwargs") or {}).get("embed_dim", "preset")
@@ -208,20 +215,37 @@ def paper_table(runs: list[Path]) -> list[str]:
             "acc5": []})
         row["acc1"].append(last["acc1"])
         row["acc5"].append(last["acc5"])
+    return rows
+
+
+def _groups(rows: dict[str, dict]) -> list[tuple[tuple, list[dict], dict | None]]:
+    """[(group, its rows sorted by label, its MHA row or None)], groups ordered by family, width,
+    token grid and length."""
+    groups = sorted({row["group"] for row in rows.values()}, key=lambda g: (g[0], str(g[1]).zfill(6), *g[2:]))
+    result = []
+    for group in groups:
+        members = sorted((row for row in rows.values() if row["group"] == group), key=lambda r: r["label"])
+        result.append((group, members, next((row for row in members if row["label"] == "MHA"), None)))
+    return result
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def paper_table(runs: list[Path]) -> list[str]:
+    """Markdown rows in the paper's layout (module docstring), one per operator setting."""
     lines = ["| family | width | tokens | epochs | operator | seeds | params | saving | GFLOPs | Acc@1 | Acc@5 "
              "| margin |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
-    for group in sorted({row["group"] for row in rows.values()}, key=lambda g: (g[0], str(g[1]).zfill(6), *g[2:])):
-        members = sorted((row for row in rows.values() if row["group"] == group), key=lambda r: r["label"])
-        baseline = next((row for row in members if row["label"] == "MHA"), None)
+    for group, members, baseline in _groups(_operator_rows(runs)):
         for row in members:
             is_ssog = baseline is not None and row is not baseline
             saving = f"{1 - row['params'] / baseline['params']:.1%}" if is_ssog else ""
-            margin = f"{mean(row['acc1']) - mean(baseline['acc1']):+.2f}" if is_ssog else ""
+            margin = f"{_mean(row['acc1']) - _mean(baseline['acc1']):+.2f}" if is_ssog else ""
             seeds = ", ".join(f"{a:.2f}" for a in row["acc1"]) if len(row["acc1"]) > 1 else "1"
             family, width, grid, epochs = group
             lines.append(f"| {family} | {width} | {grid} | {epochs} | {row['label']} | {seeds} | {row['params']:,} "
-                         f"| {saving} | {row['gflops']:.4f} | {mean(row['acc1']):.2f} | {mean(row['acc5']):.2f} "
+                         f"| {saving} | {row['gflops']:.4f} | {_mean(row['acc1']):.2f} | {_mean(row['acc5']):.2f} "
                          f"| {margin} |")
     return lines
 
@@ -262,6 +286,61 @@ def margin_plot(runs: list[Path], path: Path, title: str) -> None:
     print(f"wrote {path}")
 
 
+def setting_margin_plot(runs: list[Path], path: Path, title: str, goals: dict[str, float]) -> None:
+    """SSoG's margin over MHA (Acc@1 points, seeds averaged, each seed a dot) per family, width and
+    token grid, one bar per SSoG setting; `goals` ({family: points}) draws each family's target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = []  # (x label, setting label, mean margin, per-seed margins, goal)
+    for (family, width, grid, epochs), members, baseline in _groups(_operator_rows(runs)):
+        if baseline is None:
+            print(f"note: {family} width {width} {grid} tokens has no MHA run: not in the margin plot")
+            continue
+        for row in members:
+            if row is not baseline:
+                seeds = [acc - _mean(baseline["acc1"]) for acc in row["acc1"]]
+                bars.append((f"{family}\nw{width} {grid}\n{epochs} ep", row["label"], _mean(seeds), seeds,
+                             goals.get(family)))
+    if not bars:
+        print("no MHA/SSoG pair has finished: no margin plot")
+        return
+    settings = sorted({label for _, label, *_ in bars})
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(bars) + 1), 4))
+    x_labels = list(dict.fromkeys(x for x, *_ in bars))
+    width = 0.8 / len(settings)
+    for x_label, label, margin, seeds, goal in bars:
+        x = x_labels.index(x_label) + (settings.index(label) - (len(settings) - 1) / 2) * width
+        colour = f"C{settings.index(label)}"
+        ax.bar(x, margin, width * 0.9, color=colour, alpha=0.7)
+        ax.plot([x] * len(seeds), seeds, "o", color="black", markersize=3)
+        ax.annotate(f"{margin:+.2f}", (x, margin), textcoords="offset points", xytext=(0, 3 if margin >= 0 else -11),
+                    ha="center", fontsize=8)
+        if goal is not None:
+            ax.hlines(goal, x - width / 2, x + width / 2, colors="red", linestyles=":")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i}", alpha=0.7, label=label) for i, label in enumerate(settings)]
+    if goals:
+        handles.append(plt.Line2D([], [], color="red", linestyle=":", label="goal"))
+    ax.legend(handles=handles, fontsize=7)
+    ax.set_xticks(range(len(x_labels)), x_labels, fontsize=8)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set(ylabel="SSoG - MHA, validation Acc@1 (points)", title=title or "margin over MHA")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def _goals(text: str) -> dict[str, float]:
+    """``vit=2,loopvit=5`` -> {"vit": 2.0, "loopvit": 5.0}."""
+    try:
+        return {family: float(points) for family, points in (item.split("=") for item in text.split(",") if item)}
+    except ValueError:
+        raise SystemExit(f"--goals {text!r}: expected FAMILY=POINTS[,FAMILY=POINTS...], e.g. vit=2,loopvit=5") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of `ssog train`")
@@ -273,9 +352,16 @@ def main() -> None:
                         help="also plot each MHA/SSoG pair's Acc@1 and margin against the training length here")
     parser.add_argument("--paper-table", action="store_true",
                         help="print the paper's layout: MHA against SSoG per family, width and token grid")
+    parser.add_argument("--setting-margin-plot", type=Path,
+                        help="also plot SSoG's margin over MHA per family, width and token grid here (bars, seeds "
+                             "as dots)")
+    parser.add_argument("--goals", type=_goals, default={},
+                        help="targets drawn on the setting margin plot, FAMILY=POINTS,..., e.g. vit=2,loopvit=5")
     args = parser.parse_args()
     if args.paper_table:
         print("\n".join(paper_table(args.runs)))
+        if args.setting_margin_plot:
+            setting_margin_plot(args.runs, args.setting_margin_plot, args.title, args.goals)
         return
     print("| run | params | epochs | Acc@1 | Acc@3 | Acc@5 | val loss | train loss | best Acc@1 | train min |")
     print("|---|---|---|---|---|---|---|---|---|---|")

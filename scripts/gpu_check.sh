@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU readiness check: everything the project has not yet measured on a GPU, in one run.
+# GPU readiness check: the project's GPU measurements, in one run.
 #
 #   scripts/gpu_check.sh [--dry-run] [OUTPUT_DIR]      (default OUTPUT_DIR: runs/gpu_check)
 #

@@ -40,8 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread() -> None:
     """Torch runs on one thread in the tests: their tensors are tiny, and a second thread only
-    adds synchronisation stalls, which grow many-fold when the CPU is busy (on this 2-core
-    machine, loaded: tests/test_models.py 68-88 s with two threads, 10-11 s with one)."""
+    adds synchronisation stalls, which grow many-fold when the CPU is busy
+    (docs/development.md, "Threads")."""
     torch.set_num_threads(1)
 
 

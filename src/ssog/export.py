@@ -380,7 +380,8 @@ def training_recipe(checkpoint: str | Path) -> dict[str, str] | None:
         ("flip", "hflip"), ("colour jitter", "color_jitter")) if get(key) is not None]
     mixes = [f"{name} {get(key)}" for name, key in (("mixup", "mixup"), ("cutmix", "cutmix")) if get(key) is not None]
     return {
-        "Data": f"{get('dataset')}{size}" + (f" ({get('data_dir')})" if get("data_dir") else ""),
+        # the data folder by its name: the card is published, the trainer's machine path is not
+        "Data": f"{get('dataset')}{size}" + (f" (folder {Path(get('data_dir')).name})" if get("data_dir") else ""),
         "Epochs": f"{get('epochs')}{cooldown}" + (f", stopped at step {get('max_steps')}" if get("max_steps") else ""),
         "Batch size": f"{get('batch_size')}{accum}",
         "Optimizer": f"{get('opt')}, lr {get('lr'):g}, weight decay {get('weight_decay'):g}{layer_decay}{clip}",

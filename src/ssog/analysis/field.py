@@ -4,7 +4,7 @@ The field is ``f(t, x) = g_a * Op(N(x)(1 + s_a) + b_a) + g_m * MLP(N(x)(1 + s_m)
 (docs/models.md, "The continuous family"). For every evaluation of one forward pass this
 records the time ``t``, the mean ``|g|`` of each branch's gate over channels, and the size
 of each gated branch, of the whole field and of the state ``x``: whether both branches carry
-the flow or one is nearly shut (issue 31 found the continuous MHA model's MLP nearly shut).
+the flow or one is nearly shut (docs/results/schedule.md, "A fair continuous baseline").
 """
 from __future__ import annotations
 

@@ -149,8 +149,8 @@ def _check_choices(name: str, values: tuple[str, ...], allowed: tuple[str, ...])
 
 
 PRESETS: dict[str, SweepConfig] = {
-    # About two minutes on an idle 2-core CPU: D=384, the three families, 224 and 448 px,
-    # batch 1 and 2, and D=576 at 448 px, batch 1 for Fig. 1.
+    # A CPU sweep: D=384, the three families, 224 and 448 px, batch 1 and 2, and D=576 at
+    # 448 px, batch 1 for Fig. 1.
     "default": SweepConfig(),
     # The CPU targets of the benchmark issue: D=384, batch 4, fp32, 224 and 448 px.
     "cpu-targets": SweepConfig(batch_sizes=(4,), width_sizes=(), width_batch_size=None, warmup=2, iters=10),

@@ -102,9 +102,8 @@ def _round_orders(fns: Mapping[str, Callable[[], Any]], rounds: int) -> list[lis
     round boundaries too: the order (of all of them, or of 720 seeded samples beyond six
     callables) whose transitions have run least so far. A call right after a large one pays
     for its evicted caches and freed memory; rotating one order keeps every predecessor the
-    same, seeded shuffles left the counts to chance (over 25 rounds of four candidates, one
-    followed the slowest 11 times, another 7), and a balanced Latin square balances only
-    within rounds (docs/results/operator.md)."""
+    same, seeded shuffles leave the counts to chance, and a balanced Latin square balances
+    only within rounds (docs/results/operator.md)."""
     items = list(fns.items())
     n = len(items)
     if n <= 6:
@@ -140,8 +139,7 @@ def time_interleaved(
     order changes from round to round (:func:`_round_orders`), so that every callable runs
     right after every other one equally often: a call after a large one pays for its evicted
     caches and, on a CPU, for memory it freed that the allocator maps back page by page
-    (after fused attention at 48x48 tokens, the next operator measured up to 2x slower,
-    docs/results/operator.md).
+    (docs/results/operator.md).
     """
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")

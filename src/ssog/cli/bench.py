@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                        help="'default': about two minutes on an idle 2-core CPU; 'cpu-targets': D=384, batch 4, "
+                        help="'default': a CPU sweep, D=384, batch 1 and 2; 'cpu-targets': D=384, batch 4, "
                              "224 and 448 px; 'paper': the paper's GPU sweep")
     parser.add_argument("--families", nargs="+", choices=FAMILIES, help="model families")
     parser.add_argument("--ops", nargs="+", choices=OPS, help="token mixers")

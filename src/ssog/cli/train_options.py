@@ -7,7 +7,7 @@ the timm train.py flag of the same setting. How a value is read comes from the t
 key's :class:`~ssog.train.config.TrainConfig` field unless the option says otherwise: a
 number, ``null`` for a field that may be null, a list of numbers, a switch for a boolean. A flag
 given on the command line overrides the recipe, and ``--set KEY=VALUE`` overrides the flags.
-docs/training.md ("timm's flags") lists the table; tests/test_timm_flags.py checks the two agree.
+docs/training.md ("timm's flags") lists the table; tests/cli/test_timm_flags.py checks the two agree.
 """
 from __future__ import annotations
 

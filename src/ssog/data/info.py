@@ -129,7 +129,7 @@ def _stratified_indices(
 
     The split is scikit-learn's ``train_test_split(..., stratify=targets, random_state=seed)``
     (its ``StratifiedShuffleSplit``), drawn from the same ``numpy.random.RandomState`` stream in
-    the same order, so runs split as they did when scikit-learn drew them (tests/test_data.py
+    the same order, so runs split as they did when scikit-learn drew them (tests/data/test_data.py
     checks them against scikit-learn).
     """
     n = len(targets)

@@ -39,7 +39,7 @@ def seeded_rngs(seed: int):
     with torch.random.fork_rng(devices=[]):
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.default_generator.manual_seed(seed)  # torch.manual_seed also seeds CUDA: 100x slower
+        torch.default_generator.manual_seed(seed)  # the CPU's alone: torch.manual_seed seeds CUDA's too, far slower
         try:
             yield
         finally:

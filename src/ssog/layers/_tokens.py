@@ -1,12 +1,10 @@
-"""What the token mixers share: prefix-token rows of their mixing matrices, the grid of tokens
-given without one, the TorchScript refusal."""
+"""What the token mixers share: prefix-token rows of their mixing matrices, the TorchScript
+refusal."""
 from __future__ import annotations
-
-import math
 
 from torch import Tensor, nn
 
-__all__ = ["prefix_mean_rows", "refuse_torchscript", "square_grid"]
+__all__ = ["prefix_mean_rows", "refuse_torchscript"]
 
 
 def refuse_torchscript(module: nn.Module) -> nn.Module:
@@ -34,19 +32,3 @@ def prefix_mean_rows(patch_block: Tensor, num_prefix_tokens: int) -> Tensor:
     full[:, :, :num_prefix_tokens, num_prefix_tokens:] = 1.0 / n
     return full
 
-
-def square_grid(tokens: int, num_prefix_tokens: int) -> tuple[int, int]:
-    """The square grid ``(G, G)`` of ``tokens`` tokens after ``num_prefix_tokens`` prefix
-    tokens; a ValueError naming what a mixer needs instead when ``tokens - num_prefix_tokens``
-    is no square (a grid of other shape, or another number of prefix tokens)."""
-    patches = tokens - num_prefix_tokens
-    side = math.isqrt(patches) if patches > 0 else 0
-    if side * side != patches or side == 0:
-        raise ValueError(
-            f"{tokens} tokens less num_prefix_tokens={num_prefix_tokens} are not a square grid of patches: pass "
-            "grid_size=(Hg, Wg); in a timm ViT built with attn_layer=SSoGAttention, call "
-            "ssog.layers.follow_model_grid(model), which takes the grid from each image and the model's number of "
-            "class and register tokens (or build the layer with that number: "
-            "attn_layer=SSoGAttention.configured(num_prefix_tokens=...))"
-        )
-    return side, side

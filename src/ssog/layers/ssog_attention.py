@@ -17,7 +17,7 @@ from ..ops.capture import capturing_graph
 from ..ops.checks import check_steer, check_tokens
 from ..ops.functional import choose_backend, forced_backend_name, mix_unchecked
 from ..ops.registry import check_backend
-from ._tokens import prefix_mean_rows, refuse_torchscript, square_grid
+from ._tokens import prefix_mean_rows, refuse_torchscript
 from .options import check_mixer_options
 
 STEERABLE = ("mu", "sigma", "lambda")
@@ -169,8 +169,10 @@ class SSoGAttention(nn.Module):
     (docs/models.md, "Converting a timm ViT").
 
     As timm's ``attn_layer`` (``VisionTransformer(attn_layer=SSoGAttention)``) the layer
-    takes timm ``Attention``'s arguments and call ``attn(x, attn_mask=None)``, and finds the
-    grid itself (:meth:`forward`); :meth:`configured` gives it other defaults.
+    takes timm ``Attention``'s arguments and call ``attn(x, attn_mask=None)``, which carries no
+    grid: :func:`follow_model_grid` (which :func:`ssog.convert` calls) gives the layers of the
+    model each image's grid and the model's prefix count (:meth:`token_grid`);
+    :meth:`configured` gives the class other defaults.
 
     Args:
         dim: token width ``D``; num_heads: ``H`` (must divide ``D``); num_atoms: ``R``.
@@ -359,8 +361,8 @@ class SSoGAttention(nn.Module):
     __prepare_scriptable__ = refuse_torchscript
 
     #: The token grid ``(Hg, Wg)`` of calls without one (timm's ``attn(x)``); :func:`follow_model_grid`
-    #: (which :func:`ssog.convert` calls) sets it from each image. ``None``: a square grid after the
-    #: prefix tokens (:meth:`token_grid`).
+    #: (which :func:`ssog.convert` calls) sets it from each image. ``None``: such calls are refused
+    #: (:meth:`token_grid`).
     grid_size: tuple[int, int] | None = None
 
     def forward(
@@ -395,13 +397,22 @@ class SSoGAttention(nn.Module):
 
     def token_grid(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> tuple[int, int]:
         """The grid ``(Hg, Wg)`` of the tokens ``x (B, T, dim)``: ``grid_size`` if given, else
-        :attr:`grid_size` if set, else the square grid of ``T - num_prefix_tokens`` tokens
-        (an error naming what is needed when that is not a square)."""
+        :attr:`grid_size` if set, else a ValueError naming how to give it.
+
+        The layer never guesses: ``T`` tokens read as ``num_prefix_tokens`` plus a square grid
+        would mix a non-square grid of as many patches (8x2 read as 4x4) or a model's register
+        tokens as patches without a sign, and a timm block's call carries nothing that tells
+        them apart."""
         if grid_size is not None:
             return grid_size
         if self.grid_size is not None:
             return self.grid_size
-        return square_grid(x.shape[1], self.num_prefix_tokens)
+        raise ValueError(
+            f"SSoGAttention got {x.shape[1]} tokens and no token grid: in a timm ViT built with "
+            "attn_layer=SSoGAttention, call ssog.layers.follow_model_grid(model) (ssog.convert does), which takes "
+            "the grid from each image and the number of class and register tokens from the model; called alone, "
+            "pass grid_size=(Hg, Wg)"
+        )
 
     def _inference_matrix(self, values: Tensor, grid_size: tuple[int, int]) -> Tensor | None:
         """The fixed ``A (H, N, N)`` for ``values (B, H, N, d)``, kept between calls, when the
@@ -411,8 +422,8 @@ class SSoGAttention(nn.Module):
         capture (``torch.compile``, ``torch.export``, ``torch.jit.trace``: a graph must build
         ``A`` from the parameters, not hold a cached copy) and :func:`ssog.ops.forced_backend`.
         On small grids, building the kernels and the separable path's blocks cost more than
-        one GEMM with a prebuilt ``A`` (1.9x at 14x14, docs/results/operator.md, "Inference
-        with a prebuilt A"), and with fixed kernels ``A`` only changes when the parameters do
+        one GEMM with a prebuilt ``A`` (docs/results/operator.md, "Inference with a prebuilt
+        A"), and with fixed kernels ``A`` only changes when the parameters do
         (:meth:`_mixture_key`).
         """
         if self.steer or torch.is_grad_enabled() or capturing_graph() or forced_backend_name():

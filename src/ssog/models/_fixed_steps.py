@@ -6,7 +6,7 @@ The continuous family integrates with fixed steps through these rather than thro
 the meta device (FLOP counting) cannot run, and which synchronises a GPU at every step. A step
 here is straight-line tensor code with the operations of torchdiffeq's solver of the same name
 in the same order, so its result equals ``odeint(field, x, grid, method=name)``'s bit for bit
-(tests/test_models.py checks every solver against ``odeint``). Adaptive solvers and the adjoint
+(tests/models/test_models.py checks every solver against ``odeint``). Adaptive solvers and the adjoint
 go through ``odeint`` and ``odeint_adjoint`` themselves (:mod:`ssog.models.odevit`).
 """
 from __future__ import annotations

@@ -30,8 +30,8 @@ from .chunking import checkpointed, chunk_starts, recompute_in_backward
 
 
 #: Bytes of intermediate one block of the separable path may use, at most (and at most
-#: the output's size, so the workspace never dominates). Measured on a 2-core CPU
-#: (docs/results/operator.md): 4 MiB blocks were fastest from 14x14 to 64x64, 0.25-64 MiB tried.
+#: the output's size, so the workspace never dominates): the block size ``ssog bench-op`` timed
+#: fastest across grids (docs/results/operator.md).
 SEPARABLE_BLOCK_BYTES = 4 * 2**20
 #: Default tolerance of the local backend: keys whose kernel value is below this fraction
 #: of the row's peak are dropped (and the row renormalised).
@@ -52,8 +52,7 @@ def apply_fixed_matrix(a: Tensor, v: Tensor) -> Tensor:
 
     One GEMM per head over all images, ``(N, N) @ (N, B*d)``: ``torch.matmul`` would
     broadcast ``A`` to ``(B, H, N, N)`` and copy it, save that copy for the backward pass and
-    sum ``A``'s gradient over ``B`` (1.2-1.3x slower forward and backward at 14x14 and
-    16x16, batch 1-8, on the project's CPU)."""
+    sum ``A``'s gradient over ``B`` (docs/results/training_speed.md, "One GEMM per head")."""
     batch, heads, n, dim = v.shape
     columns = v.permute(1, 2, 0, 3).reshape(heads, n, batch * dim)
     return torch.bmm(a.to(v.dtype), columns).view(heads, n, batch, dim).permute(2, 0, 1, 3)

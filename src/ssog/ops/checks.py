@@ -134,10 +134,9 @@ def _parameters_valid(
     mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], dtype: torch.dtype
 ) -> bool:
     """The whole of :func:`check_parameter_values` for valid parameters, in one pass
-    (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays: right after a large
-    operator has evicted the caches, the dozen torch calls on a few dozen numbers took
-    0.17 ms, as NumPy calls 0.10-0.11 ms (docs/results/operator.md; the ``cpp`` kernels
-    check their parameters in the library instead)."""
+    (:func:`_in_range`). Plain CPU tensors are read as NumPy arrays: on a few dozen numbers
+    a NumPy call costs less than a torch call's dispatch (docs/results/operator.md; the
+    ``cpp`` kernels check their parameters in the library instead)."""
     if mu.device.type != "cpu" or capturing_graph() or functorch_wrapped(mu, sigma, weight):
         mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
         return _in_range(mu, sigma, weight, torch.tensor(grid_size, dtype=dtype, device=mu.device),

@@ -43,10 +43,10 @@ DENSE_BUILD_MACS_PER_ENTRY = 8
 #: Dense is considered only while one head's ``A`` (fp32) stays within this many bytes.
 DENSE_MAX_MATRIX_BYTES = 16 * 2**20
 #: Weight of the separable path's many small GEMMs against one large one, fitted to
-#: ``ssog bench-op`` on a 2-core CPU: forward only, and with autograd (more small GEMMs).
+#: ``ssog bench-op`` on a CPU: forward only, and with autograd (more small GEMMs).
 SEPARABLE_OVERHEAD_CPU = 1.9
 SEPARABLE_OVERHEAD_CPU_AUTOGRAD = 2.6
-#: The same weight on accelerators, where launch latency dominates small GEMMs (not yet measured).
+#: The same weight on accelerators, where launch latency dominates small GEMMs (an estimate).
 SEPARABLE_OVERHEAD_ACCELERATOR = 3.0
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("ssog_forced_backend", default=None)
@@ -151,7 +151,7 @@ def mix_unchecked(
     write there directly, the layers pass a view of their output tokens to save two copies.
     ``value_checks``: check the parameters' values (:func:`ssog.ops.checks.check_parameter_values`)
     before mixing, as ``ssog_mix`` does; the ``cpp`` kernels do it in the library, where it
-    costs nothing (in Python it took 0.1 ms of a 0.8 ms call at 14x14 right after SDPA).
+    costs nothing next to the mixing (in Python it is a noticeable share of a small grid's call).
     """
     steered = mu.dim() == 5
     backend = _forced.get() or backend
@@ -181,8 +181,8 @@ def _steered_auto(
 
 
 #: Multiply-adds one tile of the windowed steered path costs beyond its arithmetic (Python
-#: dispatch, gathering the tile's parameters and key box): about 0.1 ms at 50 GMAC/s. An
-#: estimate, not yet fitted to ``ssog bench-op --steered-layer`` measurements.
+#: dispatch, gathering the tile's parameters and key box): an estimate, 0.1 ms at 50 GMAC/s,
+#: that ``ssog bench-op --steered-layer`` timings can refine.
 STEERED_TILE_OVERHEAD_MACS = 5_000_000
 
 
@@ -223,7 +223,7 @@ def choose_backend(
     - dense: ``BH N^2 d`` in one large GEMM per head, plus building ``A`` once per head
       (``H R N^2`` element-wise work, ``DENSE_BUILD_MACS_PER_ENTRY`` each);
     - separable: ``BH R N (Hg + Wg) d`` in many small GEMMs, weighted by an overhead
-      factor fitted to ``ssog bench-op`` on a 2-core CPU (docs/results/operator.md):
+      factor fitted to ``ssog bench-op`` on a CPU (docs/results/operator.md):
       ``SEPARABLE_OVERHEAD_CPU`` for the forward pass, ``SEPARABLE_OVERHEAD_CPU_AUTOGRAD``
       with autograd (its backward is more small GEMMs), ``SEPARABLE_OVERHEAD_ACCELERATOR``
       elsewhere.

@@ -59,15 +59,16 @@ def gaussian_rows(center: Tensor, sigma: Tensor, length: int) -> Tensor:
 def _gaussian_rows_formula(center: Tensor, sigma: Tensor, length: int) -> Tensor:
     """:func:`gaussian_rows` as element-wise passes (autograd can differentiate them).
 
-    A softmax written out: torch.softmax is slow on rows this short (about 4x on a CPU).
+    A softmax written out: torch.softmax's per-call overhead dominates on rows this short.
     Its shift is the row's largest logit, found analytically at the key nearest the
     centre, so the peak term is exp(0) = 1 and the sum never underflows; the result does
     not depend on the shift (a per-row constant for autograd).
 
     Logits are clamped at 2 ln(eps) (eps of the kernel dtype): tail values below eps^2 of
     the peak become eps^2, far below the resolution of the row sum. Without the clamp, exp
-    of logits below -87 (fp32) underflows to subnormal floats or zero, which is about 100x
-    slower per element on x86 CPUs, and subnormal kernel values slow every later product.
+    of logits below -87 (fp32) underflows to subnormal floats or zero, which x86 CPUs
+    compute on a slow path, and subnormal kernel values slow every later product
+    (docs/results/operator.md, "Steered layer").
     """
     scale = (-0.5 / sigma.square()).unsqueeze(-1)  # logit = scale * (j - centre)^2
     with torch.no_grad():
@@ -88,8 +89,8 @@ class _GaussianRows(torch.autograd.Function):
     """:func:`gaussian_rows` with hand-written derivatives.
 
     Autograd through the formula's element-wise passes records about fifteen
-    ``(..., length)`` operations for the backward; the closed forms below take six (1.7x
-    faster forward and backward together on a CPU, docs/results/operator.md). With
+    ``(..., length)`` operations for the backward; the closed forms below take six
+    (docs/results/operator.md, "Steered training steps"). With
     ``k = softmax_j(l_j)``, ``l_j = -u_j^2 / (2 sigma^2)`` and ``u_j = j - center``:
     ``dl_j/dcenter = u_j / sigma^2``, ``dl_j/dsigma = u_j^2 / sigma^3`` and
     ``dk_j = k_j (dl_j - sum_i k_i dl_i)``. Tested

@@ -23,9 +23,8 @@ from .kernels import query_positions, steered_axis_kernels
 
 #: Bytes of kernel rows one query chunk of the steered path may materialise. Small enough
 #: that glibc's allocator serves the chunk's temporaries from its heap on every call:
-#: larger ones are mapped from the OS and page-faulted on first touch each time, which made
-#: 64 MiB chunks (and 6 MiB kernel temporaries) 1.5-2x slower (docs/results/operator.md,
-#: "Steered layer").
+#: larger ones are mapped from the OS and page-faulted on first touch each time
+#: (docs/results/operator.md, "Steered layer").
 STEERED_CHUNK_BYTES = 4 * 2**20
 #: With autograd, steered kernel rows up to this many bytes in all (one layer's ``B*H*N*N``)
 #: are built in one chunk and kept for the backward pass, instead of being built in

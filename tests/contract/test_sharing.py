@@ -1,0 +1,198 @@
+"""Weights the timm way: timm's Hugging Face layout (ssog export --format hf) with its model
+card, local-dir: loading with pretrained=True, checkpoint_path at another image size,
+dynamic_img_size."""
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from timm.layers import resample_abs_pos_embed
+
+import ssog  # noqa: F401  (registers the models)
+from ssog.cli import main
+from ssog.export import LIBRARY_TITLE, model_card, training_recipe
+from ssog.models import count_flops
+from ssog.train import load_checkpoint, train
+from ssog.train.transfer import model_from_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODEL = "ssog_vit_micro_patch1_8"
+KWARGS = dict(embed_dim=16, num_heads=2, depth=2)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_config):
+    folder = tmp_path_factory.mktemp("share") / "run"
+    train(tiny_config(folder, epochs=1, mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.25]))
+    return folder
+
+
+def test_export_hf_loads_back_with_local_dir(run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    umask = os.umask(0o022)
+    try:
+        assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out)]) == 0
+    finally:
+        os.umask(umask)
+    assert f"local-dir:{out}" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert out.stat().st_mode & 0o777 == 0o755  # a folder others can read, as the files in it
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {"README.md": 0o644, "config.json": 0o644,
+                                                                        "model.safetensors": 0o644}
+    assert not [p for p in tmp_path.iterdir() if "ssog-tmp" in p.name]
+    config = json.loads((out / "config.json").read_text())
+    data_config = load_checkpoint(run / "best.safetensors", only=("data_config",))["data_config"]
+    for key in ("mean", "std", "input_size"):
+        assert tuple(config["pretrained_cfg"][key]) == tuple(data_config[key]), key
+    assert config["pretrained_cfg"]["crop_pct"] == data_config["crop_pct"]
+    assert config["label_names"] == ["0", "1", "2", "3"] and config["num_classes"] == 4
+
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    trained = model_from_checkpoint(run).eval()
+    images = torch.randn(2, 3, 8, 8)
+    assert torch.equal(loaded(images), trained(images))
+    assert tuple(timm.data.resolve_data_config(model=loaded)["mean"]) == (0.4, 0.5, 0.6)
+    # a folder that holds a model is not replaced
+    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out)]) == 2
+    assert "already holds a model (config.json)" in capsys.readouterr().err
+    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out), "--overwrite"]) == 2
+    assert "--format hf writes a new folder and never replaces one" in capsys.readouterr().err
+
+
+def test_card_names_the_data_folder_not_the_trainers_path(run, monkeypatch):
+    import ssog.train.checkpoint as checkpoint
+
+    read = checkpoint.read_checkpoint_info
+
+    def read_from_a_folder(path):
+        info = read(path)
+        info["config"] |= {"dataset": "imagefolder", "data_dir": "/home/someone/data/cifar100"}
+        return info
+
+    monkeypatch.setattr(checkpoint, "read_checkpoint_info", read_from_a_folder)
+    assert training_recipe(run)["Data"] == "imagefolder, 8 px (folder cifar100)"
+
+
+def _front_matter_and_body(card: str) -> tuple[dict, str]:
+    empty, front, body = card.split("---\n", 2)
+    assert empty == ""  # the card starts with its YAML front matter, as the hub reads it
+    return yaml.safe_load(front), body
+
+
+def test_export_hf_writes_a_model_card_with_the_runs_metrics(run, tmp_path):
+    out = tmp_path / "hf"
+    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(out),
+                 "--hub-id", "someone/tiny-ssog"]) == 0
+    meta, body = _front_matter_and_body((out / "README.md").read_text())
+    assert meta["library_name"] == "timm" and meta["license"] == "mit" and meta["datasets"] == ["synthetic"]
+    assert {"image-classification", "timm", "ssog"} <= set(meta["tags"])
+
+    model, summary = model_from_checkpoint(run), json.loads((run / "summary.json").read_text())
+    assert body.startswith(f"# Model card for {MODEL}\n")
+    assert f"Params: {sum(p.numel() for p in model.parameters()):,}" in body
+    assert f"GFLOPs: {count_flops(model)['total_gflops']:.4g} (one 8x8 image, 2 per multiply-add)" in body
+    assert f"Final (epoch 1): Acc@1 {summary['acc1']:.2f}, Acc@3 {summary['acc3']:.2f}" in body
+    assert f"Best: Acc@1 {summary['best_acc1']:.2f} at epoch {summary['best_epoch']}" in body
+    assert "**Weights:** a run's best.safetensors" in body and "**Dataset:** synthetic" in body
+    # the training recipe, as timm's cards give theirs (tiny_config: synthetic 8 px, 1 epoch, batch 16, adamw 3e-3)
+    assert "**Training recipe:**" in body
+    for line in ("Data: synthetic, 8 px", "Epochs: 1", "Batch size: 16",
+                 "Optimizer: adamw, lr 0.003, weight decay 0.05, gradient clipping 1.0",
+                 "Schedule: cosine, 1 warmup epochs from 1e-05, min lr 1e-05", "Augmentation: level none",
+                 "Regularisation: label smoothing 0.1, drop path 0.0", "EMA: none", "Precision: float32", "Seed: 0"):
+        assert f"  - {line}\n" in body, line
+    assert 'timm.create_model("hf-hub:someone/tiny-ssog", pretrained=True)' in body and "local-dir:" in body
+    # the citations: the paper as CITATION.cff gives it, and this library
+    paper = yaml.safe_load((ROOT / "CITATION.cff").read_text())["preferred-citation"]
+    assert f"title={{{paper['title']}}}" in body and "arXiv:2611.08236" in body
+    assert " and ".join(f"{a['family-names']}, {a['given-names']}" for a in paper["authors"]) in body
+    assert f"title={{{LIBRARY_TITLE}}}" in body and f"version={{{ssog.__version__}}}" in body
+
+    pretrained_cfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert pretrained_cfg["paper_ids"] == "arXiv:2611.08236" and pretrained_cfg["license"] == "mit"
+    assert pretrained_cfg["origin_url"] == paper["url"] and pretrained_cfg["paper_name"] == paper["title"]
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True)
+    assert loaded.pretrained_cfg["paper_ids"] == "arXiv:2611.08236"
+
+
+def test_model_card_of_untrained_weights_says_so():
+    meta, body = _front_matter_and_body(model_card(timm.create_model(MODEL, **KWARGS)))
+    assert "datasets" not in meta and meta["license"] == "mit"
+    assert "initial (random) weights of the architecture, not trained" in body and "Metrics" not in body
+    assert 'hf-hub:USER/REPO' in body
+
+
+@pytest.mark.parametrize("hub_id", ['a/b")\nimport os', "a/b/c", "a", "../b", "a/b c", "-a/b"])
+def test_a_hub_id_that_is_no_user_repo_is_refused_before_the_work(hub_id, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ssog.models.create_model", lambda *a, **k: pytest.fail("built before refusing"))
+    assert main(["export", "--format", "hf", "--model", MODEL, "--output", str(tmp_path / "hf"),
+                 f"--hub-id={hub_id}"]) == 2
+    assert f"--hub-id must be a hub repository USER/REPO (letters, digits and - _ .), got {hub_id!r}" \
+        in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_card_header_is_yaml_whatever_the_summary_and_licence_say(run, tmp_path):
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("best.safetensors", "summary.json"):
+        (copy / name).write_bytes((run / name).read_bytes())
+    summary = json.loads((run / "summary.json").read_text())
+    model = model_from_checkpoint(copy)
+    model.pretrained_cfg = dict(model.pretrained_cfg, license="mit\nextra: injected\n---\n# not a heading")
+    meta, body = _front_matter_and_body(model_card(model, copy))
+    assert meta["license"] == "mit\nextra: injected\n---\n# not a heading" and "extra" not in meta
+    assert meta["datasets"] == ["synthetic"] and body.startswith(f"# Model card for {MODEL}\n")
+
+    for key, value, message in [("dataset", "digits\nlicense: evil", "dataset must be a data source's name"),
+                                ("acc1", None, "is not a run's summary: it has no 'acc1'"),
+                                ("epochs", "1\nlicense: evil", "epochs must be a whole number")]:
+        broken = {k: v for k, v in summary.items() if k != key}
+        if value is not None:
+            broken[key] = value
+        (copy / "summary.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            model_card(model, copy)
+        assert main(["export", "--format", "hf", "--checkpoint", str(copy), "--output", str(tmp_path / "hf")]) == 2
+        assert not (tmp_path / "hf").exists()
+    (copy / "summary.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not a run's summary: a list, not a mapping"):
+        model_card(model, copy)
+
+
+def test_options_of_the_other_format_are_refused(tmp_path, capsys):
+    assert main(["export", "--format", "hf", "--model", MODEL, "--img-size", "16", "--output", str(tmp_path)]) == 2
+    assert "--img-size and --dynamic-size shape an ONNX file" in capsys.readouterr().err
+    assert main(["export", "--model", MODEL, "--hub-id", "a/b", "--output", str(tmp_path / "b.onnx")]) == 2
+    assert "--hub-id names the hub repository in the model card of --format hf" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_presets_without_weights_still_refuse_pretrained():
+    with pytest.raises(ValueError, match="has no pretrained weights.*local-dir"):
+        timm.create_model(MODEL, pretrained=True)
+
+
+def test_checkpoint_path_at_another_img_size_resamples_pos_embed(run):
+    source = load_checkpoint(run / "best.safetensors", only=("model",))["model"]
+    model = timm.create_model(MODEL, num_classes=4, in_chans=3, img_size=16, patch_size=2, global_pool="token",
+                              checkpoint_path=str(run / "best.safetensors"), **KWARGS)
+    assert model.pos_embed.shape == (1, 1 + 8 * 8, 16) and source["pos_embed"].shape == (1, 1 + 4 * 4, 16)
+    expected = resample_abs_pos_embed(source["pos_embed"], new_size=[8, 8], num_prefix_tokens=1)
+    torch.testing.assert_close(model.pos_embed.detach(), expected)
+    assert torch.equal(model.blocks[0].attn.mu, source["blocks.0.attn.mu"])
+    assert model(torch.randn(1, 3, 16, 16)).shape == (1, 4)
+
+
+def test_dynamic_img_size():
+    model = timm.create_model(MODEL, dynamic_img_size=True, **KWARGS)
+    assert model(torch.randn(2, 1, 12, 12)).shape == (2, 10) and model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    fixed = timm.create_model(MODEL, dynamic_img_size=False, **KWARGS)
+    assert fixed(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    with pytest.raises(ValueError, match="12x12 is not the model's 8x8.*dynamic_img_size=False"):
+        fixed(torch.randn(2, 1, 12, 12))
