@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
@@ -69,9 +69,10 @@ def convert(
     if global_pool is not None:
         _pool_patches(model, global_pool)
     ssog_options = {"kernel_scale": kernel_scale_for_grid(patch_embed.grid_size, kernel_units), **ssog_options}
+    vit: Any = model  # checked above: blocks, patch_embed, num_prefix_tokens
     mixers = []
     for index, block in enumerate(blocks):
-        mixers.append(_convert_attention(block.attn, model.num_prefix_tokens, f"blocks.{index}.attn", ssog_options))
+        mixers.append(_convert_attention(block.attn, vit.num_prefix_tokens, f"blocks.{index}.attn", ssog_options))
         block.attn = mixers[-1]
     follow_model_grid(model)
     if getattr(model, "global_pool", None) == "token":
@@ -84,7 +85,7 @@ def convert(
     return model
 
 
-def _refuse_rotary(model: nn.Module, blocks: Sequence[nn.Module]) -> None:
+def _refuse_rotary(model: nn.Module, blocks: Sequence[Any]) -> None:
     """A ValueError for a model whose attention takes rotary position embeddings (RoPE: timm's
     EVA-02, the RoPE ViTs): their blocks call ``attn(x, rope=...)``, and SSoG, which mixes by
     position with neither query nor key to rotate, has no such input."""
@@ -119,7 +120,7 @@ def _pool_patches(model: nn.Module, global_pool: str) -> None:
     model.head = head
 
 
-def _pools_as_told(model: nn.Module) -> bool:
+def _pools_as_told(model: nn.Module) -> TypeGuard[VisionTransformer]:
     """Whether ``model``'s head pools as its ``global_pool`` says (timm's ViT's own head; a
     distilled DeiT's reads its class and distillation tokens, whatever the setting)."""
     return isinstance(model, VisionTransformer) and type(model).forward_head is VisionTransformer.forward_head
@@ -143,6 +144,7 @@ def convert_state_dict(
     target = model.state_dict()
     initialised: list[str] = []
     for name, mixer in named_mixers(model, SSoGAttention):
+        assert isinstance(mixer, SSoGAttention)
         prefix = f"{name}."
         if f"{prefix}qkv.weight" not in state:
             continue
@@ -186,9 +188,10 @@ def _convert_attention(
     dim = proj.in_features
     weights = {f"{layer}.{k}": v for layer in ("qkv", "proj") for k, v in getattr(attn, layer).state_dict().items()}
     projections = _ssog_projections(weights, dim, name)
+    timm_attn: Any = attn  # timm's Attention: num_heads, proj_drop
     mixer = SSoGAttention(
-        dim, attn.num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv.bias is not None,
-        proj_drop=getattr(attn.proj_drop, "p", 0.0), device=qkv.weight.device, dtype=qkv.weight.dtype,
+        dim, timm_attn.num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv.bias is not None,
+        proj_drop=getattr(timm_attn.proj_drop, "p", 0.0), device=qkv.weight.device, dtype=qkv.weight.dtype,
         **options,
     )
     mixer.load_state_dict(projections, strict=False)  # the kernel parameters keep their initialisation

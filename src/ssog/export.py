@@ -117,7 +117,8 @@ def export_onnx(
     channels, height, width = input_size
     sizes = [(height, width)]
     if dynamic_size:
-        rows, cols = model.patch_embed.patch_size
+        patch_embed: Any = model.patch_embed  # timm's PatchEmbed
+        rows, cols = patch_embed.patch_size
         if min(height // rows, width // cols) < MIN_PATCHES:
             raise ValueError(f"a dynamic image size is traced at {MIN_PATCHES} patches per side or more; "
                              f"{height}x{width} has fewer")
@@ -138,6 +139,7 @@ def export_onnx(
         raise
     checks = [torch.randn(batch_size + 1, channels, *size, generator=generator) for size in sizes]
     with replacing(path, overwrite=overwrite) as (tmp,):  # a file that does not compute the model never lands
+        assert program is not None  # dynamo=True returns the program
         program.save(str(tmp))
         metadata = _write_data_config(tmp, model, input_size)
         try:

@@ -49,11 +49,11 @@ class WriteError(OSError):
     """
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
 
 def _write_error(path: Path, error: OSError, existed: bool) -> WriteError:
-    cause = _CAUSES.get(error.errno) or (error.strerror or str(error))
+    cause = (_CAUSES.get(error.errno) if error.errno is not None else None) or (error.strerror or str(error))
     kept = "the previous file is kept" if existed else "nothing was written"
     return WriteError(error.errno, f"{cause} writing {path}; {kept}")
 
@@ -128,23 +128,23 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     becomes a one-line :class:`WriteError`. ``overwrite=False`` refuses existing paths
     (FileExistsError).
     """
-    paths = [Path(path) for path in paths]
-    existed = [path.exists() for path in paths]
+    files = [Path(path) for path in paths]
+    existed = [path.exists() for path in files]
     if not overwrite:
-        refuse_existing(paths)
-    temporaries = [temporary_path(path) for path in paths]
+        refuse_existing(files)
+    temporaries = [temporary_path(path) for path in files]
     current = None  # the path being written when an error comes
     try:
         yield temporaries
         mode = new_file_mode()
-        for path, tmp in zip(paths, temporaries):
+        for path, tmp in zip(files, temporaries):
             current = path
             _fsync(tmp)
             os.chmod(tmp, mode)
-        for path, tmp in zip(paths, temporaries):
+        for path, tmp in zip(files, temporaries):
             current = path
             _publish(tmp, path, overwrite)
-        for folder in dict.fromkeys(path.parent for path in paths):
+        for folder in dict.fromkeys(path.parent for path in files):
             _fsync(folder)  # make the renames themselves durable
     except FileExistsError:
         raise
@@ -152,8 +152,8 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
         if isinstance(error, WriteError):
             raise
         if current is None:  # in the block, which writes the temporaries in order: the newest one's path
-            current = next((path for path, tmp in zip(paths[::-1], temporaries[::-1]) if tmp.exists()), paths[0])
-        raise _write_error(current, error, existed[paths.index(current)]) from error
+            current = next((path for path, tmp in zip(files[::-1], temporaries[::-1]) if tmp.exists()), files[0])
+        raise _write_error(current, error, existed[files.index(current)]) from error
     finally:
         for tmp in temporaries:
             tmp.unlink(missing_ok=True)
@@ -163,11 +163,11 @@ def save_figure(figure: Any, *paths: str | Path, **options: Any) -> list[Path]:
     """Save the matplotlib ``figure`` to each of ``paths`` atomically and together (see
     :func:`replacing`), in the format each one's suffix names (PNG without one); ``options``
     go to ``figure.savefig`` (``dpi``, ``bbox_inches``). Returns the paths."""
-    paths = [Path(path) for path in paths]
-    with replacing(*paths) as temporaries:
-        for tmp, path in zip(temporaries, paths):
+    files = [Path(path) for path in paths]
+    with replacing(*files) as temporaries:
+        for tmp, path in zip(temporaries, files):
             figure.savefig(tmp, format=path.suffix[1:] or "png", **options)
-    return paths
+    return files
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, overwrite: bool = True) -> Path:

@@ -19,8 +19,8 @@ from torchvision.transforms.functional import pil_to_tensor
 from support import image_tree
 from ssog.data import build_datasets, evaluation_folder
 from ssog.data.custom import custom_datasets
-from ssog.data.samples import class_index
-from ssog.data.streams import StreamLoader
+from ssog.data.samples import SampleError, class_index
+from ssog.data.streams import HfShards, StreamLoader
 from ssog.train import train
 
 wds = pytest.importorskip("webdataset")
@@ -93,6 +93,14 @@ def test_a_bad_webdataset_sample_is_named_before_training_or_where_a_reader_meet
             stream.set_epoch(0)
             with pytest.raises(ValueError, match=named):
                 list(islice(stream, 16))
+
+
+def test_a_streamed_hugging_face_image_with_neither_bytes_nor_a_path_is_named():
+    shards = HfShards("x", None, "train", source="dataset hfids/x split 'train'")
+    item = {"image": {"bytes": None, "path": None}, "label": 1, "__shard__": 0, "__index__": 3}
+    with pytest.raises(SampleError, match=r"^dataset hfids/x split 'train', shard 0, item 3: its 'image' holds "
+                                          r"neither image bytes nor a path; it holds \['bytes', 'path'\]$"):
+        shards.decode(item)
 
 
 def test_a_broken_info_json_and_a_missing_shard_are_named_before_training(tmp_path):

@@ -112,6 +112,15 @@ def test_the_stand_in_checks_val_split_against_the_real_source(tmp_path, monkeyp
         dry_run(_absent_cifar(tmp_path, ("val_split", 0.99999)), steps=1)
 
 
+def test_the_stand_in_of_an_image_folder_that_names_its_validation_folder(tmp_path, monkeypatch):
+    """A val_split that names the folder to validate on splits nothing: the source's own sizes."""
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_config(None, None, [("dataset", "imagefolder"), ("data_dir", str(tmp_path / "cifar100")),
+                                      ("val_split", "validation"), ("batch_size", 8), ("num_workers", 0)])
+    report = dry_run(cfg, steps=1)
+    assert report["stand_in"] == "cifar100" and (report["train_images"], report["val_images"]) == (50_000, 10_000)
+
+
 def test_a_setting_error_is_the_real_runs_not_missing_data(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for cfg in (_absent_cifar(tmp_path, ("grad_accum_steps", 3)),  # known source, its data absent

@@ -20,7 +20,8 @@ __all__ = ["kernel_maps", "kernel_statistics", "mixer_kernel_statistics", "ssog_
 
 def ssog_modules(model: nn.Module) -> list[tuple[str, SSoGAttention]]:
     """``(name, module)`` of every SSoG mixer (a shared one, looped or ODE, listed once)."""
-    modules = named_mixers(model, SSoGAttention)
+    modules = [(name, module) for name, module in named_mixers(model, SSoGAttention)
+               if isinstance(module, SSoGAttention)]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no SSoGAttention mixer: learned kernels are an SSoG property")
     return modules

@@ -18,6 +18,7 @@ spectral norm of the Jacobian at a point, by power iteration on ``J^T J`` with
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import warnings
 from typing import Any, Callable, Sequence
@@ -60,7 +61,7 @@ def mixer_lipschitz_bound(mixer: nn.Module, grid_size: tuple[int, int]) -> float
     return spectral_norm(mixer.proj.weight) * spectral_norm(maps) * spectral_norm(mixer.v.weight)
 
 
-def _activation_lipschitz(act: nn.Module) -> float | None:
+def _activation_lipschitz(act: nn.Module | None) -> float | None:
     if isinstance(act, nn.GELU) and act.approximate == "none":
         return GELU_LIPSCHITZ
     if isinstance(act, (nn.ReLU, nn.Identity)):
@@ -73,7 +74,8 @@ def mlp_lipschitz_bound(mlp: nn.Module) -> float | None:
     act = _activation_lipschitz(getattr(mlp, "act", None))
     if act is None or not isinstance(getattr(mlp, "norm", None), nn.Identity):
         return None
-    return spectral_norm(mlp.fc2.weight) * act * spectral_norm(mlp.fc1.weight)
+    timm_mlp: Any = mlp  # timm's Mlp: fc1, act, fc2
+    return spectral_norm(timm_mlp.fc2.weight) * act * spectral_norm(timm_mlp.fc1.weight)
 
 
 def field_lipschitz_bound(field: VectorField, t: Tensor | float, grid_size: tuple[int, int]) -> float | None:
@@ -84,7 +86,9 @@ def field_lipschitz_bound(field: VectorField, t: Tensor | float, grid_size: tupl
     op, mlp = mixer_lipschitz_bound(field.attn, grid_size), mlp_lipschitz_bound(field.mlp)
     if op is None or mlp is None:
         return None
-    weight = field.adaLN_modulation[-1].weight
+    modulation = field.adaLN_modulation[-1]
+    assert isinstance(modulation, nn.Linear)
+    weight = modulation.weight
     with torch.no_grad():
         # The modulation exactly as the field computes it at t (same embedding precision).
         t = torch.as_tensor(t, dtype=weight.dtype, device=weight.device)
@@ -111,16 +115,16 @@ def local_lipschitz(
         raise ValueError(f"iters must be >= 1, got {iters}")
     v = torch.randn(x.shape, generator=generator, dtype=x.dtype, device="cpu").to(x.device)
     v = v / _per_sample_norm(v)
-    _, pullback = vjp(fn, x)
+    _, pullback = vjp(fn, x)  # type: ignore[misc]  # torch types the result as of has_aux too
     with warnings.catch_warnings():
         # jvp's first call scripts torch's own decompositions, which newer torch warns about:
         # nothing a user of this analysis could change.
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
         for _ in range(iters):
-            _, jv = jvp(fn, (x,), (v,))
+            _, jv = jvp(fn, (x,), (v,))  # type: ignore[misc]
             (w,) = pullback(jv)
             v = w / _per_sample_norm(w).clamp_min(torch.finfo(w.dtype).tiny)
-        _, jv = jvp(fn, (x,), (v,))
+        _, jv = jvp(fn, (x,), (v,))  # type: ignore[misc]
     return _per_sample_norm(jv).flatten()
 
 
@@ -168,7 +172,8 @@ def lipschitz_analysis(
             lambda module, args: field_points.append((args[0].detach(), args[1].detach(), args[2]))))
     try:
         with torch.no_grad(), on_mixer_calls(model, on_mixer):
-            model.forward_features(images)
+            vit: Any = model  # a ViT with forward_features
+            vit.forward_features(images)
     finally:
         for hook in hooks:
             hook.remove()
@@ -187,12 +192,13 @@ def lipschitz_analysis(
     mixers = []
     for name, (module, x, grid_size) in mixer_points.items():
         curve = _curve(mixer_lipschitz_bound(module, grid_size),
-                       estimates(lambda z, m=module, g=grid_size: m(z, g), x))
+                       estimates(functools.partial(module, grid_size=grid_size), x))
         mixers.append({"module": name, **curve})
     steps = []
     for step, (t, x, grid_size) in enumerate(field_points):
+        assert isinstance(field, VectorField)  # its hook recorded the points
         curve = _curve(field_lipschitz_bound(field, t, grid_size),
-                       estimates(lambda z, t=t, g=grid_size: field(t, z, g), x))
+                       estimates(functools.partial(field, t, grid_size=grid_size), x))
         steps.append({"step": step, "t": float(t), **curve})
     return {
         "scales": scales,

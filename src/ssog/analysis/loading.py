@@ -75,6 +75,7 @@ def load_model(
     from ..train.checkpoint import checkpoint_path, read_checkpoint_info
     from ..train.transfer import model_from_checkpoint
 
+    assert checkpoint is not None  # exactly one of model and checkpoint is given
     path = checkpoint_path(checkpoint, "best")
     net = model_from_checkpoint(path, ema=ema)
     config = read_checkpoint_info(path)["config"]
@@ -123,7 +124,7 @@ def image_batches(
     """
     if num_images < 1 or batch_size < 1:
         raise ValueError(f"num_images and batch_size must be >= 1, got {num_images} and {batch_size}")
-    model = loaded.model
+    model: Any = loaded.model  # a ViT: pos_embed, in_chans, patch_embed
     device = model.pos_embed.device
     in_chans = model.in_chans
     img_size = tuple(model.patch_embed.img_size)
@@ -155,6 +156,7 @@ def image_batches(
     data_config = model_data_config(model, (in_chans, *img_size))  # the run's, recorded in the model
     transform = build_transform("none", img_size, data_config["mean"], data_config["std"], train=False,
                                 crop_pct=data_config["crop_pct"], interpolation=data_config["interpolation"])
-    subset = torch.utils.data.Subset(TransformedDataset(val, transform), range(min(num_images, len(val))))
+    count = min(num_images, len(val))  # type: ignore[arg-type]  # torch's Dataset declares no __len__
+    subset = torch.utils.data.Subset(TransformedDataset(val, transform), range(count))
     for images, _ in build_loader(subset, batch_size, train=False):
         yield images.to(device)

@@ -85,7 +85,8 @@ def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
 def plot_kernels(model: nn.Module, path: str | Path, title: str = "") -> Path:
     """One row per SSoG mixer, one column per head: the mixing weights from the central
     query of the model's token grid, with each atom's centre marked (size ~ its weight)."""
-    grid = tuple(model.patch_embed.grid_size)
+    patch_embed: Any = model.patch_embed  # timm's PatchEmbed
+    grid = tuple(patch_embed.grid_size)
     modules = ssog_modules(model)
     heads = max(m.num_heads for _, m in modules)
     fig = Figure(figsize=(1.7 * heads, 1.8 * len(modules) + 0.4))

@@ -78,12 +78,13 @@ def residual_rollout(maps: Sequence[Tensor]) -> Tensor:
     """
     if not maps:
         raise ValueError("rollout needs at least one attention map")
-    rollout = None
+    rollout: Tensor | None = None
     for attn in maps:
         if attn.dim() != 3 or attn.shape[-1] != attn.shape[-2]:
             raise ValueError(f"head-averaged maps must be (B, T, T), got {tuple(attn.shape)}")
         step = (attn + torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)) / 2
         rollout = step if rollout is None else step @ rollout
+    assert rollout is not None  # maps is not empty
     return rollout
 
 
@@ -166,7 +167,7 @@ class SinkAccumulator:
         if not self.images:
             raise ValueError("no images were analysed")
         n = self.images
-        per_layer = []
+        per_layer: list[dict[str, Any]] = []
         for index, layer in enumerate(self.layers):
             keys = torch.cat(layer.keys)
             per_layer.append({
@@ -211,11 +212,13 @@ def sink_diagnostics(
     acc = SinkAccumulator(getattr(model, "num_prefix_tokens", 0), high_norm_factor)
 
     def on_mixer(name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int]) -> None:
-        acc.add_map(name, module.attention_matrix(x, grid_size), module.num_prefix_tokens)
+        mixer: Any = module  # SSoGAttention or MultiHeadAttention
+        acc.add_map(name, mixer.attention_matrix(x, grid_size), mixer.num_prefix_tokens)
 
+    vit: Any = model  # a ViT with forward_features
     with on_mixer_calls(model, on_mixer), on_final_norm_input(model, acc.add_final_tokens):
         for images in batches:
             acc.start_batch()
-            model.forward_features(images)
+            vit.forward_features(images)
             acc.end_batch(images.shape[0])
     return acc.result()

@@ -77,9 +77,10 @@ def _cpu_peak_allocated(fn: Callable[[], Any]) -> int:
             prof.stop()
     # One "[memory]" event per allocation (positive size) or free (negative) of a block
     # allocated while profiling; the allocator does not report frees of older blocks.
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None  # stop() has set them
     events = sorted(
         (
-            (event.start_ns(), event.nbytes())
+            (event.start_ns(), event.nbytes())  # type: ignore[attr-defined]  # not in torch's stub of _KinetoEvent
             for event in prof.profiler.kineto_results.events()
             if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
         ),

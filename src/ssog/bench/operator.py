@@ -18,6 +18,7 @@ adds the operands each operator needs materialised: ``q, k, v`` for SDPA, ``v`` 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -173,14 +174,14 @@ def _calls(config: OperatorConfig, grid: int, backward: bool) -> dict[str, Calla
             continue
         if not can_time(backend, device, dtype, config.head_dim, backward=backward):
             continue  # triton: CUDA only; cpp: forward only, float32 on a CPU where it could be built
-        calls[backend] = run(lambda b=backend: ssog_mix(v, *params, (grid, grid), backend=b), (v, *params))
+        calls[backend] = run(functools.partial(ssog_mix, v, *params, (grid, grid), backend=backend), (v, *params))
     if config.compiled:
         # Every grid and pass recompiles the same code; past torch's recompile limit (8),
         # fullgraph=True fails. The earlier grids' graphs are not needed any more.
         torch.compiler.reset()
     for backend in config.compiled:
         mix = torch.compile(_mixing(grid, backend), fullgraph=True, dynamic=False)
-        calls[f"compile:{backend}"] = run(lambda m=mix: m(v, *params), (v, *params))
+        calls[f"compile:{backend}"] = run(functools.partial(mix, v, *params), (v, *params))
         calls[f"compile:{backend}"]()  # compiles here, not in the timed rounds
     return calls
 
@@ -304,10 +305,7 @@ def plot_speedups(results: list[Measurement], path: Path) -> None:
             axis.errorbar(
                 [m.grid for m in points],
                 [m.speedup_median for m in points],
-                yerr=[
-                    [m.speedup_median - m.speedup_q1 for m in points],
-                    [m.speedup_q3 - m.speedup_median for m in points],
-                ],
+                yerr=_speedup_errors(points),
                 marker="o", capsize=3, label=candidate,
             )
         axis.axhline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -397,6 +395,16 @@ def run_steered_layer_benchmark(
     return rows
 
 
+def _speedup_errors(points: list[Measurement]) -> list[list[float]]:
+    """Error bars of measured speedups: the distances of the median to the lower and upper quartile."""
+    below, above = [], []
+    for m in points:
+        assert m.speedup_median is not None and m.speedup_q1 is not None and m.speedup_q3 is not None
+        below.append(m.speedup_median - m.speedup_q1)
+        above.append(m.speedup_q3 - m.speedup_median)
+    return [below, above]
+
+
 def _layer_call(
     layer: torch.nn.Module, x: torch.Tensor, grid: int, backend: str | None = None
 ) -> Callable[[], torch.Tensor]:
@@ -404,7 +412,7 @@ def _layer_call(
 
     def call() -> torch.Tensor:
         if backend is not None:
-            layer.backend = backend
+            layer.backend = backend  # type: ignore[assignment]  # torch types module attributes as tensors, modules
         return layer(x, (grid, grid))
 
     return call

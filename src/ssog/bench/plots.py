@@ -96,7 +96,8 @@ def plot_scaling(rows: Sequence[dict[str, Any]], stem: str | os.PathLike, error_
                     spreads = [throughput_spread(row) for row in done] if error_bars and axis is ax else []
                     if spreads and all(spreads):
                         axis.errorbar([row["resolution"] for row in done], [row[key] for row in done],
-                                      yerr=[[low for low, _ in spreads], [high for _, high in spreads]],
+                                      yerr=[[low for low, _ in filter(None, spreads)],
+                                            [high for _, high in filter(None, spreads)]],
                                       linestyle=line, marker=marker, color=color, capsize=3, label=f"{label} {what}")
                     else:
                         axis.plot([row["resolution"] for row in done], [row[key] for row in done], linestyle=line,

@@ -123,7 +123,9 @@ class SweepConfig:
             for family in self.families:
                 for op in self.ops:
                     name = model_name(op, family, size)
-                    patch = int(re.search(r"_patch(\d+)", name).group(1))
+                    found = re.search(r"_patch(\d+)", name)
+                    assert found is not None  # every ssog model name has its patch size
+                    patch = int(found.group(1))
                     uneven = [res for res in self.resolutions if res % patch]
                     if uneven:
                         raise ValueError(f"resolutions {uneven} are not multiples of {name}'s patch size {patch}")
@@ -257,6 +259,7 @@ def _measure(
     with torch.inference_mode(not train):
         for op, model in models.items():
             model.train(train)
+            call: Callable[[], Any]
             if train:
                 optimizers[op] = torch.optim.AdamW(model.parameters())
                 call = partial(_train_step, model, optimizers[op], images, labels, dtype)
@@ -292,12 +295,12 @@ def _measure(
                 "latency_ms_q3": 1e3 * timing.q3,
                 "peak_memory_mib": peak / MiB,
             }
-    if measured.get("mha") and measured.get("ssog"):
+    if measured.get("mha") and (ssog_row := measured.get("ssog")):
         # Each round's MHA and SSoG calls ran back to back: their ratio sees one machine
         # state, so the median over rounds resists load changes better than a ratio of medians.
         ratios = [mha / ssog for mha, ssog in zip(timings["mha"].samples, timings["ssog"].samples)]
         q1, median, q3 = quartiles(ratios)
-        measured["ssog"].update(speedup=median, speedup_q1=q1, speedup_q3=q3)
+        ssog_row.update(speedup=median, speedup_q1=q1, speedup_q3=q3)
     return measured
 
 
@@ -322,7 +325,8 @@ def run_model_sweep(
 
     for family, size, resolution, batch_sizes in _groups(config):
         ops = [op for op in config.ops if any((family, op, size, b) not in out_of_memory for b in batch_sizes)]
-        models, info, unbuilt = {}, {}, set()
+        models: dict[str, nn.Module] = {}
+        info, unbuilt = {}, set()
         for op in ops:
             name = model_name(op, family, size)
             try:  # a model too large for the device at this resolution is an out-of-memory point too
@@ -332,7 +336,9 @@ def run_model_sweep(
                     "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
                     **_flops(name, resolution),
                 }
-                models[op] = torch.compile(model.to(device)) if config.compile else model.to(device)
+                # torch types compile's result as a callable; of a module it is a module
+                compiled = torch.compile(model.to(device)) if config.compile else model.to(device)
+                models[op] = compiled  # type: ignore[assignment]
             except (RuntimeError, MemoryError) as error:
                 if not is_out_of_memory(error):
                     raise
@@ -340,9 +346,11 @@ def run_model_sweep(
                 _release(device)
         for batch in batch_sizes:
             todo = {op: model for op, model in models.items() if (family, op, size, batch) not in out_of_memory}
-            measured = {op: None for op in unbuilt if (family, op, size, batch) not in out_of_memory}
+            measured: dict[str, dict[str, float] | None] = {
+                op: None for op in unbuilt if (family, op, size, batch) not in out_of_memory}
             if todo:
-                in_chans = next(iter(todo.values())).in_chans
+                first: Any = next(iter(todo.values()))  # a timm model: its in_chans
+                in_chans = first.in_chans
                 try:
                     images = torch.randn(batch, in_chans, resolution, resolution, device=device)
                 except (RuntimeError, MemoryError) as error:
@@ -354,11 +362,12 @@ def run_model_sweep(
                     del images
             for op in config.ops:
                 row = _row(family, op, size, resolution, batch, device, dtype, config.mode, info.get(op, {}))
-                if op in measured and measured[op] is None:
+                values = measured.get(op)
+                if op in measured and values is None:
                     row["status"] = "oom"
                     out_of_memory.add((family, op, size, batch))
-                elif op in measured:
-                    row.update(status="ok", **measured[op])
+                elif values is not None:
+                    row.update(status="ok", **values)
                 results.rows.append(row)
                 if on_row is not None:
                     on_row(row)

@@ -109,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
         # --size chooses the models of the whole sweep: the preset's width sweep (Fig. 1, other
         # widths) would build models the user did not ask for; --width-sizes adds it back.
         overrides["width_sizes"] = ()
-    config = replace(PRESETS[args.preset], **{
+    changes: dict[str, Any] = {
         key: tuple(value) if isinstance(value, list) else value for key, value in overrides.items()
-    })
+    }
+    config = replace(PRESETS[args.preset], **changes)
     config.validate()
     if args.threads is not None:
         if args.threads < 1:

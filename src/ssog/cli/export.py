@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .info import check_num_classes
 
@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         channels, height, width = input_size
         if args.dynamic_size:
-            rows, cols = model.patch_embed.patch_size
+            patch_embed: Any = model.patch_embed  # timm's PatchEmbed
+            rows, cols = patch_embed.patch_size
             multiples = f"multiples of {rows}" if rows == cols else f"multiples of {rows} and {cols}"
             shape = f"(batch, {channels}, height, width), height and width {multiples}, {MIN_PATCHES} patches or more"
         else:

@@ -7,7 +7,7 @@ import os
 import shutil
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
@@ -21,7 +21,7 @@ __all__ = ["ArrayDataset", "digits_datasets", "cifar_datasets", "synthetic_datas
 class ArrayDataset(Dataset):
     """In-memory ``uint8`` images ``(N, H, W)`` (grey) or ``(N, H, W, 3)`` (RGB) with labels."""
 
-    def __init__(self, images: np.ndarray, targets: Sequence[int]):
+    def __init__(self, images: np.ndarray, targets: Sequence[int] | np.ndarray):
         if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(targets):
             raise ValueError(
                 f"ArrayDataset expects uint8 images (N, H, W[, 3]) and N targets, got "
@@ -103,6 +103,7 @@ def cifar_datasets(name: str, root: str | None, download: bool, val_split: float
     size, mean, std, _ = SOURCE_STATISTICS[name]
     info = DatasetInfo(name, len(train.classes), 3, size, mean, std, classes=tuple(train.classes))
     if test is None:
+        assert val_split is not None  # the test set is read unless there is a val_split
         train, test = split_dataset(train, train.targets, val_split, seed)
     return train, test, info
 
@@ -126,7 +127,7 @@ def _undone_on_failure(root: Path) -> Iterator[None]:
         raise
 
 
-def _cifar_damage(cls: type, name: str, folder: Path) -> str:
+def _cifar_damage(cls: type[Any], name: str, folder: Path) -> str:
     """Why torchvision refused a CIFAR folder that exists: its files that are missing or fail
     their MD5 check."""
     from torchvision.datasets.utils import check_integrity

@@ -26,7 +26,7 @@ class CheckedDataset(Dataset):
         self.dataset, self.channels, self.num_classes, self.name = dataset, channels, num_classes, name
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, label = self.dataset[index][:2]
@@ -53,9 +53,9 @@ def _first_items(dataset: Dataset, which: str) -> list[tuple[Any, Any]]:
     checked to be PIL images (untransformed) with labels."""
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise ValueError(f"{which} must be a map-style Dataset (len and indexing); got {type(dataset).__name__}")
-    if len(dataset) == 0:
+    if len(dataset) == 0:  # type: ignore[arg-type]  # torch's Dataset declares no __len__
         raise ValueError(f"{which} is empty")
-    items = [dataset[index][:2] for index in range(min(FIRST_SAMPLES, len(dataset)))]
+    items = [dataset[index][:2] for index in range(min(FIRST_SAMPLES, len(dataset)))]  # type: ignore[arg-type]
     for image, _ in items:
         if not isinstance(image, Image.Image):
             raise ValueError(f"{which} yields {type(image).__name__} images; give it without its transform "

@@ -59,7 +59,7 @@ def timm_datasets(
         return stream_datasets(name, root, train_split=train_split, val_split=named_val, download=download,
                                seed=seed, options=options, num_classes=num_classes)
     return timm_map_datasets(name, root, train_split=train_split,
-                             val_split=val_split if named_val is None else named_val, split_seed=split_seed,
+                             val_split=DEFAULT_VAL_SPLIT if val_split is None else val_split, split_seed=split_seed,
                              download=download, options=options, num_classes=num_classes)
 
 
@@ -97,18 +97,20 @@ def build_datasets(
         return timm_datasets(name, data_dir, train_split=train_split, val_split=val_split, split_seed=split_seed,
                              download=download, seed=seed, num_classes=num_classes, options=dataset_kwargs)
     named_split = isinstance(val_split, str) and name != "imagefolder"
-    timm_only = (("val_split", named_split, False), ("train_split", train_split, "train"),
-                 ("dataset_kwargs", dataset_kwargs or {}, {}))
+    timm_only: tuple[tuple[str, object, object], ...] = (
+        ("val_split", named_split, False), ("train_split", train_split, "train"),
+        ("dataset_kwargs", dataset_kwargs or {}, {}))
     for setting, value, default in timm_only:
         if value != default:
             raise ValueError(f"{setting} {'names a split' if setting == 'val_split' else 'is set'}, which only "
                              f"timm's sources (hfds/, hfids/, wds/, tfds/, torch/) take"
                              f"{' and imagefolder (its validation folder)' if setting == 'val_split' else ''}; "
                              f"dataset {name!r} does not")
+    numeric_split = None if isinstance(val_split, str) else val_split  # a name reaches imagefolder only
     if name == "digits":
-        return digits_datasets(val_split, split_seed)
+        return digits_datasets(numeric_split, split_seed)
     if name in ("cifar10", "cifar100"):
-        return cifar_datasets(name, data_dir, download, val_split, split_seed)
+        return cifar_datasets(name, data_dir, download, numeric_split, split_seed)
     if name == "imagefolder":
         return imagefolder_datasets(data_dir, val_split, split_seed, skip_bad_images)
     if name == "synthetic":

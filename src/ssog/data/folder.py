@@ -179,7 +179,7 @@ def _check_classes_have_images(path: Path, classes: Sequence[str], samples: Sequ
                                what: str) -> None:
     """A class without images would train as a class that never occurs: an error naming it."""
     counts = np.bincount([target for _, target in samples], minlength=len(classes))
-    empty = [classes[i] for i in np.flatnonzero(counts == 0)]
+    empty = [classes[int(i)] for i in np.flatnonzero(counts == 0)]
     if empty:
         raise ValueError(f"class folder(s) {shown_names(empty)} of {path} {what}; add images or remove the folder(s); "
                          f"expected {IMAGEFOLDER_LAYOUT}")
@@ -253,14 +253,17 @@ def imagefolder_datasets(root: str | None, val_split: float | int | str | None, 
     if len(train.classes) < 2:
         raise ValueError(f"{train_folder} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
                          f"classification needs at least 2 classes; expected {IMAGEFOLDER_LAYOUT}")
-    if val_split is not None and val_folder is None:
+    train_set: Dataset
+    val_set: Dataset
+    if val_split is not None and not isinstance(val_split, str) and val_folder is None:
         train_set, val_set = split_dataset(train, train.targets, val_split, seed)
     elif val_folder is not None:
-        train_set, val_set = train, _image_folder(val_folder, skip_bad_images)
-        if val_set.classes != train.classes:
+        val_files = _image_folder(val_folder, skip_bad_images)
+        if val_files.classes != train.classes:
             raise ValueError(f"the class folders of {val_folder} differ from those of {train_folder} "
-                             f"({class_difference(train.classes, val_set.classes)}); both splits need the same "
+                             f"({class_difference(train.classes, val_files.classes)}); both splits need the same "
                              "class folders")
+        train_set, val_set = train, val_files
     else:
         raise ValueError(
             f"{base} has no 'val' folder nor a 'validation' folder (found folders: {_found_folders(base)}) and "

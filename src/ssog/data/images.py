@@ -130,7 +130,7 @@ def _integer_peak(image: Image.Image, values: np.ndarray) -> int:
         return 2**16 - 1
     tags = getattr(image, "tag_v2", None)
     bits = tags.get(258) if tags is not None else None  # TIFF BitsPerSample
-    if bits:
+    if tags is not None and bits:
         bits = int(bits[0] if isinstance(bits, tuple) else bits)
         sample_format = tags.get(339, 1)  # 1 unsigned, 2 signed
         signed = (sample_format[0] if isinstance(sample_format, tuple) else sample_format) == 2

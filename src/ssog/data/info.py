@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -86,7 +86,7 @@ def shown_names(names: Sequence[str], limit: int = 5) -> str:
 
 
 def stratified_split(
-    targets: Sequence[int], val_split: float | int, seed: int, class_names: Sequence[str] | None = None
+    targets: Sequence[int] | np.ndarray, val_split: float | int, seed: int, class_names: Sequence[str] | None = None
 ) -> tuple[list[int], list[int]]:
     """Seeded stratified split of ``range(len(targets))`` into (train, val) index lists.
 
@@ -121,7 +121,9 @@ def stratified_split(
     return _stratified_indices(targets, val_split, seed)
 
 
-def _stratified_indices(targets: Sequence[int], test_size: float | int, seed: int) -> tuple[list[int], list[int]]:
+def _stratified_indices(
+    targets: Sequence[int] | np.ndarray, test_size: float | int, seed: int
+) -> tuple[list[int], list[int]]:
     """The seeded stratified split of ``range(len(targets))`` as sorted (kept, held out) index
     lists; ``test_size`` is a fraction or a count, already checked.
 
@@ -179,7 +181,8 @@ def dataset_targets(dataset: Dataset) -> list[int]:
     if isinstance(dataset, Subset):
         targets = dataset_targets(dataset.dataset)
         return [targets[i] for i in dataset.indices]
-    return list(dataset.targets)
+    source: Any = dataset  # torchvision's, timm's and ssog's sources list targets; Dataset does not declare it
+    return list(source.targets)
 
 
 def training_subset(dataset: Dataset, size: int, seed: int) -> Dataset:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ssog.runtime import STOP_SIGNALS
 
@@ -60,7 +61,7 @@ class TransformedDataset(Dataset):
         self.seed = seed
 
     def __len__(self) -> int:
-        return len(self.base)
+        return len(self.base)  # type: ignore[arg-type]  # torch's Dataset declares no __len__
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
@@ -102,7 +103,7 @@ class ShardSampler(Sampler):
     (metrics are summed over ranks, so no sample may be counted twice)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int = 1, rank: int = 0):
-        self.indices = list(range(rank, len(dataset), num_replicas))
+        self.indices = list(range(rank, len(dataset), num_replicas))  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -154,10 +155,10 @@ class StopSafeDataLoader(DataLoader):
     this thread while the workers start, so that a worker has them blocked from its birth: a
     signal to the whole job as workers start is not lost, nor the end of a worker."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, worker_init_fn=leave_stop_signals_to_parent, **kwargs)
+    def __init__(self, dataset: Dataset, **kwargs: Any):
+        super().__init__(dataset, worker_init_fn=leave_stop_signals_to_parent, **kwargs)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> _BaseDataLoaderIter:
         if self.num_workers == 0 or threading.current_thread() is not threading.main_thread():
             return super().__iter__()
         before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

@@ -107,7 +107,7 @@ def tensor_crop(aug: Augmentation, size: tuple[int, int], interpolation: str,
                          f"{filter_!r} (train_interpolation / interpolation); choose one of them or turn "
                          "data_in_memory off")
     ratio = aug.ratio or (3 / 4, 4 / 3)
-    return TensorCrop(tuple(size), tuple(aug.scale), tuple(ratio), aug.hflip if allow_hflip else 0.0, filter_)
+    return TensorCrop((*size,), (*aug.scale,), (*ratio,), aug.hflip if allow_hflip else 0.0, filter_)
 
 
 def _as_uint8_chw(image) -> torch.Tensor:
@@ -134,7 +134,8 @@ def decode_images(dataset: Dataset, transform: Callable | None = None, num_worke
     ``num_workers`` loader processes. Images of different sizes are a ValueError naming two."""
     items = TransformedDataset(dataset, lambda image: _as_uint8_chw(transform(image) if transform else image))
     loader = StopSafeDataLoader(items, batch_size=256, num_workers=num_workers, collate_fn=_as_arrays)
-    images, targets = [], []
+    images: list[torch.Tensor] = []
+    targets: list[int] = []
     for batch in loader:
         images.extend(torch.from_numpy(image) for image, _ in batch)
         targets.extend(target for _, target in batch)

@@ -59,7 +59,7 @@ def class_index(label: Any, num_classes: int | None, where: str) -> int:
     elif isinstance(value, numbers.Integral):
         index = int(value)
     elif isinstance(value, numbers.Real) and float(value).is_integer():
-        index = int(value)
+        index = int(value)  # type: ignore[call-overload]  # typeshed's numbers.Real declares no __int__
     else:
         shown = value if isinstance(value, str) else label
         raise SampleError(f"{where}: label {shown!r} is not a class index (an integer)")
@@ -71,7 +71,7 @@ def class_index(label: Any, num_classes: int | None, where: str) -> int:
 def check_first_samples(dataset: Dataset, count: int = FIRST_SAMPLES) -> None:
     """Read the first ``count`` samples of a map-style ``dataset`` whose items go through
     :func:`checked_sample`: a split that does not decode fails before training, not in it."""
-    for index in range(min(count, len(dataset))):
+    for index in range(min(count, len(dataset))):  # type: ignore[arg-type]  # torch's Dataset declares no __len__
         dataset[index]
 
 

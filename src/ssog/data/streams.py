@@ -170,6 +170,9 @@ class HfShards:
                               f"target_key); it holds {_fields(item)}")
         image = item[self.input_key]
         encoded = (image.get("bytes") or image.get("path")) if isinstance(image, dict) else image
+        if encoded is None:
+            raise SampleError(f"{where}: its {self.input_key!r} holds neither image bytes nor a path; it holds "
+                              f"{_fields(image)}")
         return checked_sample(encoded, item[self.target_key], channels=3, num_classes=self.num_classes, where=where)
 
 
@@ -192,6 +195,7 @@ class ShardStream(IterableDataset):
         self.shards, self.num_samples, self.train, self.shuffle_size = shards, num_samples, train, shuffle_size
         self.transform: Callable | None = None
         self.seed, self.rank, self.world_size = 0, 0, 1
+        self.finished: dict[int, int]  # shards each reader has finished this epoch
         self.epoch, self.finished = 0, {}
 
     def __len__(self) -> int:
@@ -233,6 +237,7 @@ class ShardStream(IterableDataset):
         return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.shards)).tolist()
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        assert self.transform is not None, "configure() the stream first"
         reader, readers = self._reader()
         mine = self._order()[reader::readers]
         if not self.train:
@@ -266,8 +271,10 @@ class StreamLoader:
     """
 
     def __init__(self, loader: DataLoader, batches: int, readers: int):
+        self.dataset: Any  # a ShardStream, or timm's iterable dataset (its set_epoch)
         self.loader, self.dataset, self.batches, self.readers = loader, loader.dataset, batches, readers
         self.resumes_in_epoch = isinstance(self.dataset, ShardStream)
+        self.finished: dict[int, int]
         self.start, self.finished = 0, {}
         self.said_repeats = False
 
@@ -362,6 +369,7 @@ def _split_urls(root: str, split: str) -> tuple[list[str], int | None, int | Non
         if not isinstance(entry, dict) or not isinstance(entry.get("filenames"), list):
             raise ValueError(f"WebDataset {root}: split {split!r} of {path} has no list of 'filenames'")
         names, num_samples, listing = list(entry["filenames"]), entry.get("num_samples"), str(path)
+        assert path is not None  # the splits came from its _info.json
         _check_listed_shards(names, root, split, path)
         lengths = entry.get("shard_lengths")
         held = sum(lengths) if isinstance(lengths, list) and len(lengths) == len(names) else None
@@ -412,6 +420,7 @@ def _stream(name: str, root: str | None, split: str, train: bool, options: Mappi
     prefix, _, source = name.partition("/")
     stream_options = {k: options[k] for k in _STREAM_OPTIONS if options.get(k) is not None}
     keys = {k: stream_options[k] for k in ("input_key", "target_key") if k in stream_options}
+    shards: WdsShards | HfShards
     if prefix.lower() == "wds":
         try:
             import webdataset  # noqa: F401

@@ -26,7 +26,7 @@ class TimmMapDataset(Dataset):
         self.dataset, self.classes, self.source = dataset, tuple(classes), source
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, target = self.dataset[index][:2]  # decoded here, not in timm's reader (see _create_map)
@@ -40,13 +40,14 @@ class TimmMapDataset(Dataset):
         reader = getattr(self.dataset, "reader", None)
         if reader is not None and hasattr(reader, "iter_targets"):  # timm's hfds reader: the label column
             return [int(t) for t in reader.iter_targets()]
-        return [int(self.dataset[i][1]) for i in range(len(self.dataset))]
+        return [int(self.dataset[i][1]) for i in range(len(self.dataset))]  # type: ignore[arg-type]
 
 
 def _map_classes(dataset: Dataset, name: str) -> list[str]:
     classes = getattr(dataset, "classes", None)
-    if classes is None and getattr(dataset, "reader", None) is not None:
-        mapping = dataset.reader.class_to_idx  # {name: index}
+    reader = getattr(dataset, "reader", None)
+    if classes is None and reader is not None:
+        mapping = reader.class_to_idx  # {name: index}
         classes = sorted(mapping, key=mapping.get)
     if not classes:
         raise ValueError(f"dataset {name}: the source does not name its classes; map them with "
@@ -95,6 +96,7 @@ def timm_map_datasets(
     if num_classes is not None and len(classes) != num_classes:
         classes = [str(c) for c in range(num_classes)]
     train = TimmMapDataset(train, classes, f"dataset {name} split {train_split!r}")
+    val: Dataset
     if not isinstance(val_split, str):
         train, val = split_dataset(train, train.targets, val_split, split_seed)
     else:

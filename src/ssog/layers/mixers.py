@@ -22,4 +22,4 @@ def named_mixers(
 
 def ssog_mixers(model: nn.Module) -> list[SSoGAttention]:
     """Every :class:`SSoGAttention` of ``model`` (each shared one once)."""
-    return [module for _, module in named_mixers(model, SSoGAttention)]
+    return [module for module in model.modules() if isinstance(module, SSoGAttention)]

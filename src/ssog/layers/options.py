@@ -172,8 +172,8 @@ def token_grid(img_size: int | tuple[int, int], patch_size: int | tuple[int, int
     int or a ``(height, width)`` pair of them); a size that would leave part of a patch over
     (a fractional grid) is an error."""
     check_options({"img_size": img_size, "patch_size": patch_size})
-    sizes = (img_size, img_size) if _is_integer(img_size) else tuple(img_size)
-    patches = (patch_size, patch_size) if _is_integer(patch_size) else tuple(patch_size)
+    sizes = tuple(img_size) if isinstance(img_size, (tuple, list)) else (img_size, img_size)
+    patches = tuple(patch_size) if isinstance(patch_size, (tuple, list)) else (patch_size, patch_size)
     if any(size % patch for size, patch in zip(sizes, patches)):
         grid = " x ".join(_format(size / patch) for size, patch in zip(sizes, patches))
         raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}: expected a whole "
@@ -198,9 +198,11 @@ def check_kernel_reach(ssog_options: Mapping[str, Any], grid: tuple[int, int], k
             "steer_radius": "mu" in ssog_options.get("steer", ())}
     for name, in_use in used.items():
         value = ssog_options.get(name)
+        rule = OPTIONS[name]
+        assert isinstance(rule, Number)  # both are lengths
         if not in_use:
             check_options({name: value})
-        elif value is not None and not (within := Number(0, limit, low_open=OPTIONS[name].low_open)).accepts(value):
+        elif value is not None and not (within := Number(0, limit, low_open=rule.low_open)).accepts(value):
             raise ValueError(
                 f"{name}={value!r}: expected {within} (kernel_units={units!r}: {_format(limit)} is the "
                 f"extent of this model's {rows}x{cols} token grid; a longer offset places every kernel outside "

@@ -219,7 +219,7 @@ class SSoGAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
+        dd: dict[str, Any] = {"device": device, "dtype": dtype}
         check_mixer_options(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
                             steer_radius=steer_radius, centre_radius=centre_radius,
                             num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init, proj_drop=proj_drop,
@@ -488,7 +488,7 @@ class TokenGridFromImages:
     def __init__(self, mixers: Sequence[SSoGAttention]) -> None:
         self.mixers = list(mixers)
 
-    def __call__(self, patch_embed: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+    def __call__(self, patch_embed: Any, inputs: tuple[Tensor, ...]) -> None:
         height, width = inputs[0].shape[-2:]
         if hasattr(patch_embed, "dynamic_feat_size"):
             grid = tuple(patch_embed.dynamic_feat_size((height, width)))
@@ -508,11 +508,12 @@ def follow_model_grid(model: nn.Module) -> list[SSoGAttention]:
     ``num_prefix_tokens`` is a ValueError."""
     mixers = [module for module in model.modules() if isinstance(module, SSoGAttention)]
     patch_embed = getattr(model, "patch_embed", None)
-    if not mixers or patch_embed is None or not hasattr(model, "num_prefix_tokens"):
+    num_prefix_tokens = getattr(model, "num_prefix_tokens", None)
+    if not mixers or patch_embed is None or num_prefix_tokens is None:
         raise ValueError(f"follow_model_grid() takes a timm ViT (patch_embed, num_prefix_tokens) with SSoGAttention "
                          f"layers, got {type(model).__name__}")
     for mixer in mixers:
-        mixer.num_prefix_tokens = model.num_prefix_tokens
+        mixer.num_prefix_tokens = num_prefix_tokens
     patch_embed.register_forward_pre_hook(TokenGridFromImages(mixers))
     return mixers
 

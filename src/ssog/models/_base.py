@@ -112,7 +112,7 @@ class ViTBase(nn.Module):
         **mixer_options: Any,
     ) -> None:
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
+        dd: dict[str, Any] = {"device": device, "dtype": dtype}
         # Every option is checked before any module is built (the table: ssog.layers.options);
         # the kernel lengths (centre_radius, steer_radius) against the token grid, below.
         check_options(dict(
@@ -131,10 +131,11 @@ class ViTBase(nn.Module):
         self.mixer_kwargs = resolve_mixer_args(op, {**(mixer_kwargs or {}), **mixer_options})
         if op != "ssog" and kernel_units is not None:
             raise ValueError(f"kernel_units only applies to op='ssog', not op={op!r}")
-        self.kernel_units = (kernel_units or "image") if op == "ssog" else None
+        units = kernel_units or "image"
+        self.kernel_units = units if op == "ssog" else None
         if op == "ssog":
-            self.mixer_kwargs["kernel_scale"] = kernel_scale_for_grid(grid, self.kernel_units)
-            check_kernel_reach(self.mixer_kwargs, grid, self.mixer_kwargs["kernel_scale"], self.kernel_units)
+            self.mixer_kwargs["kernel_scale"] = kernel_scale_for_grid(grid, units)
+            check_kernel_reach(self.mixer_kwargs, grid, self.mixer_kwargs["kernel_scale"], units)
         check_options(self.mixer_kwargs)  # the kernel lengths were held to the grid above
         self.op = op
         self.num_classes = num_classes
@@ -152,15 +153,17 @@ class ViTBase(nn.Module):
         self.weight_init = weight_init
 
         # NHWC output: the grid size is read off the embedded tensor, so any input size works.
+        # timm annotates patch_size as int; it takes a (height, width) pair too (to_2tuple).
         self.patch_embed = PatchEmbed(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+            img_size=img_size, patch_size=patch_size,  # type: ignore[arg-type]
+            in_chans=in_chans, embed_dim=embed_dim,
             strict_img_size=not dynamic_img_size, output_fmt="NHWC", **dd,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd)) if class_token else None
         self.pos_embed = nn.Parameter(
             torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim, **dd)
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
+        self.norm: nn.Module = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         # Run checkpoints (`model/<name>` keys) load through load_state_dict, hence through
@@ -342,7 +345,7 @@ class ViTBase(nn.Module):
         dd = get_device_dtype(self)
         self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
-        if num_classes > 0:
+        if isinstance(self.head, nn.Linear):
             trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
 

@@ -120,7 +120,7 @@ class Block(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
+        dd: dict[str, Any] = {"device": device, "dtype": dtype}
         self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
         self.attn = create_mixer(
             op, dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias,

@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..layers import MIXER_TYPES, CenterNorm
 from ..ops import forced_backend
+from ._base import ViTBase
 from ._registry import create_model
 
 #: Parts of a model reported by :func:`count_parameters`, in order.
@@ -79,20 +80,21 @@ def count_flops(model: nn.Module, img_size: int | tuple[int, int] | None = None)
     included) and ``tokens`` (prefix + patch tokens). Build the model on the meta device
     (``with torch.device("meta"): ...``) to count without computing.
     """
-    height, width = to_2tuple(img_size) if img_size is not None else model.patch_embed.img_size
+    vit: Any = model  # ours or a timm ViT: its patch_embed, in_chans and num_prefix_tokens are read
+    height, width = to_2tuple(img_size) if img_size is not None else vit.patch_embed.img_size
     param = next(model.parameters())
-    x = torch.zeros(1, model.in_chans, height, width, device=param.device, dtype=param.dtype)
+    x = torch.zeros(1, vit.in_chans, height, width, device=param.device, dtype=param.dtype)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), forced_backend("separable"), sdpa_kernel(SDPBackend.MATH), counter:
         model(x)
     root = type(model).__name__
     mixers = {f"{root}.{name}" for name, module in model.named_modules() if isinstance(module, MIXER_TYPES)}
     attention = sum(sum(ops.values()) for name, ops in counter.get_flop_counts().items() if name in mixers)
-    patch = model.patch_embed.patch_size
+    patch = vit.patch_embed.patch_size
     return {
         "total_gflops": counter.get_total_flops() / 1e9,
         "attention_gflops": attention / 1e9,
-        "tokens": model.num_prefix_tokens + (height // patch[0]) * (width // patch[1]),
+        "tokens": vit.num_prefix_tokens + (height // patch[0]) * (width // patch[1]),
     }
 
 
@@ -101,6 +103,7 @@ def model_info(name: str, **kwargs: Any) -> dict[str, Any]:
     the meta device; ``kwargs`` override its preset, e.g. ``num_classes``)."""
     with torch.device("meta"):
         model = create_model(name, **kwargs)
+    assert isinstance(model, ViTBase)  # every registered ssog model is one
     return {"model": name, "params": count_parameters(model), "config": model.config()}
 
 
@@ -110,4 +113,5 @@ def model_flops(name: str, img_size: int | None = None, **kwargs: Any) -> dict[s
         raise ValueError(f"img_size must be positive, got {img_size}")
     with torch.device("meta"):
         model = create_model(name, **kwargs).eval()
+    assert isinstance(model, ViTBase)  # every registered ssog model is one
     return {"model": name, "img_size": img_size or model.patch_embed.img_size[0], **count_flops(model, img_size)}

@@ -104,7 +104,7 @@ class VectorField(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
+        dd: dict[str, Any] = {"device": device, "dtype": dtype}
         if norm not in FIELD_NORMS:
             raise ValueError(f"unknown field norm {norm!r}: expected one of {FIELD_NORMS}")
         self.dim = dim
@@ -120,8 +120,10 @@ class VectorField(nn.Module):
 
     def zero_modulation(self) -> None:
         """adaLN-Zero: all gates and shifts 0, so ``f = 0`` and the flow is the identity."""
-        nn.init.zeros_(self.adaLN_modulation[1].weight)
-        nn.init.zeros_(self.adaLN_modulation[1].bias)
+        modulation = self.adaLN_modulation[1]
+        assert isinstance(modulation, nn.Linear)
+        nn.init.zeros_(modulation.weight)
+        nn.init.zeros_(modulation.bias)
 
     def forward(self, t: Tensor, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         """``t`` scalar tensor, ``x (B, P + Hg*Wg, D)`` on the grid ``grid_size = (Hg, Wg)`` ->
@@ -181,6 +183,7 @@ class OdeViT(ViTBase):
         self.field_norm = field_norm
         self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
         self.default_nfe = default_nfe
+        self.steps: int | None  # fixed steps; None for an adaptive solver
         self.solver, self.steps = "euler", default_nfe  # euler: one evaluation per step
         #: The flow runs on ``[0, end_time]`` (1; less after :meth:`prune_intermediate_layers`).
         self.end_time = 1.0
@@ -241,7 +244,7 @@ class OdeViT(ViTBase):
         fixed = self.steps is not None
         return {
             "solver": self.solver,
-            "nfe": self.steps * FIXED_SOLVERS[self.solver] if fixed else None,
+            "nfe": self.steps * FIXED_SOLVERS[self.solver] if self.steps is not None else None,
             "steps": self.steps,
             **({} if fixed else {"rtol": self.rtol, "atol": self.atol}),
             "adjoint": self.adjoint,
@@ -261,6 +264,7 @@ class OdeViT(ViTBase):
         return grid
 
     def _num_steps(self, t: Tensor) -> int:
+        assert self.steps is not None  # the time grid of fixed steps only
         return max(1, round(abs(float(t[-1] - t[0])) * self.steps))
 
     def integrate(self, x: Tensor, grid_size: tuple[int, int], num_steps: int | None = None) -> list[Tensor]:
@@ -306,6 +310,7 @@ class OdeViT(ViTBase):
 
     def _fixed_steps(self, x: Tensor, grid_size: tuple[int, int], num_steps: int) -> list[Tensor]:
         """States after each of ``num_steps`` steps of ``1/steps`` from ``t = 0``."""
+        assert self.steps is not None  # integrate calls it for fixed steps only
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         grid = torch.arange(num_steps + 1, dtype=dtype, device=x.device) / self.steps
         field, states = self._field_function(grid_size), []
@@ -351,6 +356,7 @@ class OdeViT(ViTBase):
         """As the base, and end the flow at the last requested step (:attr:`end_time`)."""
         _, max_index = feature_take_indices(self.num_intermediates, indices)
         take = super().prune_intermediate_layers(indices, prune_norm, prune_head)
+        assert self.steps is not None  # num_intermediates raised NoFixedSteps otherwise
         self.end_time = (max_index + 1) / self.steps
         return take
 

@@ -38,8 +38,9 @@ def adapt_embeddings(state_dict: dict[str, Tensor], model: nn.Module) -> list[st
     target = model.state_dict()
     pos = state_dict.get("pos_embed")
     if pos is not None and "pos_embed" in target and pos.shape != target["pos_embed"].shape:
+        patch_embed: Any = model.patch_embed  # timm's PatchEmbed, of ours or of a timm ViT
         prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
-        state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
+        state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(patch_embed.grid_size),
                                                          num_prefix_tokens=prefix)
         notes.append(f"position embedding resampled {tuple(pos.shape)} -> {tuple(state_dict['pos_embed'].shape)}")
     key = "patch_embed.proj.weight"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -74,6 +75,8 @@ def check_parameters(
 ) -> bool:
     """Validate the mixture's shapes against the grid (and ``v``'s ``(B, H)``); return True
     for steered (per-query) parameters."""
+    expected_mu: tuple[int, ...]
+    expected_weight: tuple[int, ...]
     if mu.dim() == 3:
         heads, atoms, _ = mu.shape
         expected_mu, expected_weight = (heads, atoms, 2), (heads, atoms)
@@ -138,14 +141,16 @@ def _parameters_valid(
         mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
         return _in_range(mu, sigma, weight, torch.tensor(grid_size, dtype=dtype, device=mu.device),
                          torch.finfo(dtype).max)
-    mu, sigma, weight = (t.detach().to(dtype).numpy() for t in (mu, sigma, weight))
-    return _in_range(mu, sigma, weight, np.asarray(grid_size, dtype=mu.dtype), float(np.finfo(mu.dtype).max))
+    mu_np, sigma_np, weight_np = (t.detach().to(dtype).numpy() for t in (mu, sigma, weight))
+    return _in_range(mu_np, sigma_np, weight_np, np.asarray(grid_size, dtype=mu_np.dtype),
+                     float(np.finfo(mu_np.dtype).max))
 
 
-def _in_range(
-    mu: Tensor | np.ndarray, sigma: Tensor | np.ndarray, weight: Tensor | np.ndarray, lengths: Tensor | np.ndarray,
-    largest: float,
-) -> bool:
+#: The arrays :func:`_in_range` reads: torch tensors or NumPy arrays, all four of one kind.
+_Array = TypeVar("_Array", Tensor, np.ndarray)
+
+
+def _in_range(mu: _Array, sigma: _Array, weight: _Array, lengths: _Array, largest: float) -> bool:
     """Whether parameters (torch tensors or NumPy arrays, the same operators on either) pass
     every value check: ``(L + |mu|) / sigma`` is positive and its square below ``largest``
     exactly when ``sigma > 0`` is finite, ``mu`` is finite and the squared distances are

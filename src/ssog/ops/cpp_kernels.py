@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -146,7 +147,9 @@ def _mix(
         raise ValueError(f"out must be float32 {tuple(v.shape)} with contiguous features, got {out.dtype} "
                          f"{tuple(out.shape)} with strides {out.stride()}")
     mu, sigma, weight = (t.to(torch.float32).contiguous() for t in (mu, sigma, weight))
-    status = _library()[0].ssog_mix_forward(
+    library = _library()[0]
+    assert library is not None  # _check found it
+    status = library.ssog_mix_forward(
         steered, value_checks, v.data_ptr(), *v.stride()[:3], mu.data_ptr(), sigma.data_ptr(), weight.data_ptr(),
         out.data_ptr(), *out.stride()[:3], batch, heads, rows, cols, mu.shape[-2], dim, torch.get_num_threads(),
     )
@@ -164,10 +167,12 @@ def _check(v: Tensor, *parameters: Tensor) -> None:
         raise RuntimeError("the cpp backend computes forward only (no gradients); use 'auto', which takes it "
                            "where no gradient is recorded, or 'separable' / 'dense' for training")
     if not supports(v):
-        reason = unavailable_reason() or (
-            f"it takes float32 CPU values whose head dimension is 1, 2, 3, 4, 6 or 8 times "
-            f"{_library()[0].ssog_lanes()}; got {v.dtype} on {v.device}, head dimension {v.shape[-1]}"
-        )
+        library, reason = _library()
+        if library is not None:
+            reason = (
+                f"it takes float32 CPU values whose head dimension is 1, 2, 3, 4, 6 or 8 times "
+                f"{library.ssog_lanes()}; got {v.dtype} on {v.device}, head dimension {v.shape[-1]}"
+            )
         raise RuntimeError(f"the cpp backend cannot run here: {reason}; use 'auto' or 'separable'")
 
 
@@ -190,7 +195,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     int32, int64, pointer = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     library.ssog_lanes.restype = int32
     library.ssog_lanes.argtypes = []
-    strided = [pointer, int64, int64, int64]  # data, batch / head / token strides
+    strided: list[type[ctypes._SimpleCData[Any]]] = [pointer, int64, int64, int64]  # data, batch / head / token strides
     library.ssog_mix_forward.restype = int32
     # steered, check; v; mu, sigma, weight; out; batch; heads, rows, cols, atoms, dim, threads
     library.ssog_mix_forward.argtypes = [int32, int32] + strided + [pointer] * 3 + strided + [int64] + [int32] * 6

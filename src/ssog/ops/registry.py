@@ -150,7 +150,7 @@ def _triton_fixed(v: Tensor, ky: Tensor, kx: Tensor, _: float) -> Tensor:
 
 
 def _cpp_fixed(
-    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], _: float,
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], local_tolerance: float,
     out: Tensor | None = None, value_checks: bool = False,
 ) -> Tensor:
     """float32 kernels of its own, outside autocast (not a torch op); checks values in the library."""
@@ -158,7 +158,7 @@ def _cpp_fixed(
 
 
 def _cpp_steered(
-    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], _: float,
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], local_tolerance: float,
     out: Tensor | None = None, value_checks: bool = False,
 ) -> Tensor:
     return cpp_kernels.cpp_steered(v, mu, sigma, weight, grid_size, out=out, value_checks=value_checks)

@@ -68,7 +68,7 @@ def given_datasets(cfg: TrainConfig, train_dataset: Dataset | None, val_dataset:
     ``custom``; a custom run resumed without them is an error."""
     if (train_dataset is None) != (val_dataset is None):
         raise ValueError("give both train_dataset and val_dataset, or neither")
-    if train_dataset is None:
+    if train_dataset is None or val_dataset is None:
         if cfg.dataset == CUSTOM_DATASET:
             raise ValueError("this run trained on datasets given in Python: pass them again, "
                              "train(resume=DIR, train_dataset=..., val_dataset=...)" if resuming else

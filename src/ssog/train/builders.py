@@ -86,10 +86,11 @@ class DataBundle:
 
     def start_epoch(self, epoch: int, step: int = 0) -> None:
         """Position the training loader at step ``step`` of epoch ``epoch`` (0-based)."""
-        if self.stream is not None:
-            self.stream.set_epoch(epoch, step * self.grad_accum_steps)
+        if isinstance(self.train_loader, StreamLoader):
+            self.train_loader.set_epoch(epoch, step * self.grad_accum_steps)
         else:
-            self.train_loader.sampler.set_epoch(epoch, start=step * self.local_batch)
+            sampler: Any = self.train_loader.sampler  # build_loader's EpochSampler
+            sampler.set_epoch(epoch, start=step * self.local_batch)
 
 
 def _side(data_config: dict[str, Any]) -> int | tuple[int, int]:
@@ -100,7 +101,8 @@ def _side(data_config: dict[str, Any]) -> int | tuple[int, int]:
 def model_pretrained_cfg(cfg: TrainConfig) -> dict[str, Any]:
     """The ``pretrained_cfg`` of the run's model (of timm's NAME for ``init_from: timm:NAME``);
     empty for a name timm does not know (building the model then says so)."""
-    name = cfg.init_from[len(TIMM_INIT_PREFIX):] if (cfg.init_from or "").startswith(TIMM_INIT_PREFIX) else cfg.model
+    init_from = cfg.init_from or ""
+    name = init_from[len(TIMM_INIT_PREFIX):] if init_from.startswith(TIMM_INIT_PREFIX) else cfg.model
     try:
         pretrained = get_pretrained_cfg(name)
     except RuntimeError as error:  # a tag the architecture does not have
@@ -177,8 +179,9 @@ def _set_stream_transform(dataset: IterableDataset, transform, cfg: TrainConfig,
     if isinstance(dataset, ShardStream):
         dataset.configure(transform, cfg.seed, ctx.rank, ctx.world_size)
     else:  # timm's IterableImageDataset (tfds/), which splits itself over processes
-        dataset.transform = transform
-        dataset.set_loader_cfg(num_workers=cfg.num_workers)
+        timm_stream: Any = dataset
+        timm_stream.transform = transform
+        timm_stream.set_loader_cfg(num_workers=cfg.num_workers)
 
 
 def _stream_loader(dataset: IterableDataset, transform, micro_batch: int, cfg: TrainConfig,
@@ -187,9 +190,10 @@ def _stream_loader(dataset: IterableDataset, transform, micro_batch: int, cfg: T
     if isinstance(dataset, ShardStream):
         dataset.check_readers(readers)
     _set_stream_transform(dataset, transform, cfg, ctx)
-    steps = len(dataset) // cfg.batch_size
+    samples = len(dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__
+    steps = samples // cfg.batch_size
     if steps == 0:
-        raise ValueError(f"the training stream ({len(dataset)} samples) is smaller than one batch "
+        raise ValueError(f"the training stream ({samples} samples) is smaller than one batch "
                          f"({cfg.batch_size}); lower batch_size")
     loader = StopSafeDataLoader(dataset, batch_size=micro_batch, num_workers=cfg.num_workers,
                                 pin_memory=ctx.device.type == "cuda", generator=torch.Generator().manual_seed(cfg.seed))
@@ -216,6 +220,7 @@ def build_data(cfg: TrainConfig, ctx: DistContext,
     if cfg.data_in_memory:
         return _memory_data(cfg, ctx, train_base, val_base, info, data_config, local_batch)
     train_tf = _transform(cfg, data_config, info, train=True)
+    train_loader: DataLoader | StreamLoader
     if isinstance(train_base, IterableDataset):
         train_loader = _stream_loader(train_base, train_tf, micro_batch, cfg, ctx)
     else:
@@ -229,7 +234,7 @@ def build_data(cfg: TrainConfig, ctx: DistContext,
 
 def _check_one_step(train_loader: DataLoader, cfg: TrainConfig, ctx: DistContext, local_batch: int) -> None:
     if len(train_loader) < cfg.grad_accum_steps:
-        samples = len(train_loader.dataset)
+        samples = len(train_loader.dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__
         raise ValueError(f"the training set ({samples} samples, {samples // ctx.world_size} per process) is smaller "
                          f"than one batch ({local_batch} per process); lower batch_size")
 
@@ -278,7 +283,7 @@ def apply_data_config(model: torch.nn.Module, data_config: dict[str, Any],
     pretrained.update(data_config, num_classes=getattr(model, "num_classes", len(classes)))
     if classes and len(classes) == pretrained["num_classes"]:
         pretrained["label_names"] = list(classes)
-    model.pretrained_cfg = model.default_cfg = pretrained
+    model.pretrained_cfg = model.default_cfg = pretrained  # type: ignore[assignment]  # torch: tensors, modules
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int | tuple[int, int],
@@ -317,7 +322,7 @@ def _timm_model(cfg: TrainConfig, kwargs: dict[str, Any], num_classes: int, in_c
             raise ModelBuildError(f"model_kwargs may not set {key!r}: it comes from {source}")
     if not timm.is_model(cfg.model):
         raise ModelBuildError(f"unknown model {cfg.model!r} (--model); {did_you_mean(cfg.model, timm.list_models())}")
-    args = dict(num_classes=num_classes, in_chans=in_chans, drop_path_rate=cfg.drop_path)
+    args: dict[str, Any] = dict(num_classes=num_classes, in_chans=in_chans, drop_path_rate=cfg.drop_path)
     if takes_img_size(cfg.model):  # a model without a fixed input size (a CNN) does not: the transforms size the images
         args["img_size"] = img_size
     try:
@@ -333,8 +338,9 @@ def _timm_model(cfg: TrainConfig, kwargs: dict[str, Any], num_classes: int, in_c
 
 def _enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
     """``model.set_grad_checkpointing(True)``, or a ValueError when the model has none."""
+    timm_model: Any = model  # timm's models have set_grad_checkpointing; an AttributeError where not
     try:
-        model.set_grad_checkpointing(True)
+        timm_model.set_grad_checkpointing(True)
     except (AttributeError, AssertionError, NotImplementedError) as error:
         raise ValueError(f"model {name} does not support gradient checkpointing (model_kwargs "
                          f"{GRAD_CHECKPOINTING}, --grad-checkpointing): {type(error).__name__}: {error}") from None
@@ -355,7 +361,7 @@ def takes_img_size(name: str) -> bool:
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
-        parameters = inspect.signature(klass.__init__).parameters
+        parameters = inspect.signature(vars(klass)["__init__"]).parameters
         if "img_size" in parameters:
             return True
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
@@ -364,12 +370,13 @@ def takes_img_size(name: str) -> bool:
 
 
 def _converted_timm_model(cfg: TrainConfig, name: str, kwargs: dict[str, Any], num_classes: int, in_chans: int,
-                          img_size: int, pretrained: bool) -> torch.nn.Module:
+                          img_size: int | tuple[int, int], pretrained: bool) -> torch.nn.Module:
     from ssog.conversion import convert
 
     if not timm.is_model(name):
         raise ValueError(f"--init-from timm:{name}: timm has no model {name!r}")
-    args = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_path_rate=cfg.drop_path)
+    args: dict[str, Any] = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size,
+                                drop_path_rate=cfg.drop_path)
     try:
         model = timm.create_model(name, pretrained=pretrained, **args)
     except Exception as error:  # no network / no hub access: the hub client's own error types

@@ -257,6 +257,7 @@ class TrainConfig:
     def _timm_init_model(self) -> str:
         """The model a ``timm:NAME`` start builds: NAME, so logs, summaries and the saved config
         name the model trained. Another ``model`` set with it would be ignored: an error."""
+        assert self.init_from is not None  # called for a timm: start only
         name = self.init_from[len(TIMM_INIT_PREFIX):]
         if self.model not in (DEFAULT_MODEL, name):
             raise ValueError(

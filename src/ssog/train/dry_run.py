@@ -73,7 +73,8 @@ def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]
         try:
             if cfg.dataset in KNOWN_SOURCES:
                 build_datasets(cfg.dataset, cfg.data_dir, download=False)
-            elif not Path(cfg.data_dir).is_dir():  # an ImageFolder tree named after its source: the run reads it
+            # an ImageFolder tree named after its source: the run reads it
+            elif cfg.data_dir is not None and not Path(cfg.data_dir).is_dir():
                 raise FileNotFoundError(f"data folder {cfg.data_dir} does not exist")
         except (ValueError, OSError) as error:
             return _stand_in(cfg, ctx, source, str(error))
@@ -81,15 +82,15 @@ def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]
         trainer = Trainer(cfg, ctx, Path(cfg.output or "dry-run"))
     except (FileNotFoundError, NotADirectoryError) as error:  # files of the data source missing
         raise ValueError(f"{error} (measure without the data: add --dataset synthetic)") from error
-    return trainer, {"stand_in": None, "train_images": len(trainer.data.train_loader.dataset),
-                     "val_images": len(trainer.data.val_loader.dataset)}
+    return trainer, {"stand_in": None, "train_images": len(trainer.data.train_loader.dataset),  # type: ignore[arg-type]
+                     "val_images": len(trainer.data.val_loader.dataset)}  # type: ignore[arg-type]
 
 
 def _stand_in(cfg: TrainConfig, ctx: DistContext, source: str, reason: str) -> tuple[Trainer, dict[str, Any]]:
     """A :class:`Trainer` on generated images of the known ``source``'s shape, its ``val_split``
     checked against the source's real size as the real run checks it."""
     classes, train_images, val_images = KNOWN_SOURCES[source]
-    if cfg.val_split is not None:
+    if cfg.val_split is not None and not isinstance(cfg.val_split, str):  # a name picks a folder, splits nothing
         # the real run's split of the real training set (its message names the setting)
         train_part, val_part = stratified_split(np.arange(train_images) % classes, cfg.val_split, cfg.split_seed)
         train_images, val_images = len(train_part), len(val_part)

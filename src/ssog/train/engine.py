@@ -71,8 +71,11 @@ def _scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epo
     try:
         return create_scheduler_v2(
             optimizer, sched=cfg.sched, num_epochs=cfg.epochs, decay_epochs=cfg.decay_epochs,
-            decay_milestones=cfg.decay_milestones, decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs,
-            cooldown_epochs=cfg.cooldown_epochs, warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
+            # timm annotates milestones and warmup as whole epochs; with updates_per_epoch it takes fractions
+            decay_milestones=cfg.decay_milestones,  # type: ignore[arg-type]
+            decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs, cooldown_epochs=cfg.cooldown_epochs,
+            warmup_epochs=cfg.warmup_epochs,  # type: ignore[arg-type]
+            warmup_lr=cfg.warmup_lr,
             min_lr=cfg.min_lr, step_on_epochs=per_epoch, updates_per_epoch=steps_per_epoch, **cfg.sched_kwargs,
         )
     except TypeError as error:  # an option create_scheduler_v2 does not take
@@ -112,6 +115,7 @@ class Trainer:
         mixup = aug.mixup if cfg.mixup is None else cfg.mixup
         cutmix = aug.cutmix if cfg.cutmix is None else cfg.cutmix
         self.mixup = None
+        self.criterion: torch.nn.Module
         if mixup > 0 or cutmix > 0:
             if self.data.micro_batch % 2:
                 raise ValueError("mixup/cutmix pair samples within a batch: the per-process batch size must be even "
@@ -131,7 +135,7 @@ class Trainer:
             self.net = self.ddp = DistributedDataParallel(
                 self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
         if cfg.compile:
-            self.net = torch.compile(self.net)
+            self.net = torch.compile(self.net)  # type: ignore[assignment]  # torch types the result as a callable
 
         #: epochs and steps done and the partial epoch's sums (the checkpoint's ``"progress"``)
         self.progress = Progress(GradNormMeter(self.model), self.data.stream)
@@ -189,7 +193,7 @@ class Trainer:
         state = self._state()  # every process takes part (RNG and stream gathers)
         if self.main:
             self._check_run_folder()
-            states = {self.output / "last.safetensors": state}
+            states: dict[str | Path, dict[str, Any]] = {self.output / "last.safetensors": state}
             if best is not None:
                 states = {self.output / "best.safetensors": self._best_state(best), **states}
             save_checkpoints(states)
@@ -327,6 +331,7 @@ class Trainer:
         elapsed = time.perf_counter() - start
         scalars = {"train/loss": loss_sum / max(count, 1), "train/lr": self.lr(),
                    "train/images_per_s": count * self.ctx.world_size / elapsed if elapsed > 0 else 0.0}
+        assert self.run_log is not None  # run() made it on the main process
         self.run_log.log_step(self.global_step, scalars)
         self.window = (0.0, 0, time.perf_counter())
         if not (cfg.progress and sys.stderr.isatty()):  # no progress bar shows it: a batch job's log
@@ -435,7 +440,8 @@ class Trainer:
         cfg = self.cfg
         if self.main:
             logger.info(f"training {cfg.model} ({self.params:,} parameters) on {cfg.dataset} "
-                        f"({len(self.data.train_loader.dataset)} train / {len(self.data.val_loader.dataset)} val, "
+                        f"({len(self.data.train_loader.dataset)} train / "  # type: ignore[arg-type]
+                        f"{len(self.data.val_loader.dataset)} val, "  # type: ignore[arg-type]
                         f"{self.data.img_size}px) for {self.num_epochs} epochs, {self.steps_per_epoch} steps each, "
                         f"on {self.ctx.world_size} x {self.ctx.device.type}; output {self.output}")
         # (a run interrupted at its step limit inside an epoch still ends that epoch on resume)
@@ -452,6 +458,7 @@ class Trainer:
             # run resumable at this epoch, and resuming rewrites the logs from the history.
             self.save_last(best=record if improved else None)
             if self.main:
+                assert self.run_log is not None  # run() made it on the main process
                 self.run_log.log_epoch(self.history,
                                        final=self.progress.epoch == self.num_epochs or self.at_step_limit())
                 logger.info(f"epoch {record['epoch']}/{self.num_epochs}: train loss {record['train_loss']:.4f}, "
@@ -464,6 +471,7 @@ class Trainer:
         summary = self._summary()
         if self.main:
             write_atomic(self.output / "summary.json", json.dumps(summary, indent=2) + "\n")
+            assert self.run_log is not None
             self.run_log.close()
             logger.info(_format_summary(summary, self.output))
         return summary

@@ -99,7 +99,7 @@ def evaluate_checkpoint(
     patch_embed = getattr(model, "patch_embed", None)  # None: a model without patches (a CNN)
     return {
         **metrics, "checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split,
-        "samples": len(loader.dataset), "img_size": data_config["input_size"][-1],
+        "samples": len(loader.dataset), "img_size": data_config["input_size"][-1],  # type: ignore[arg-type]
         "patch_size": list(patch_embed.patch_size) if patch_embed else None,
         "grid": list(patch_embed.grid_size) if patch_embed else None, "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema, "data_dir": cfg.data_dir,

@@ -3,6 +3,7 @@ scalars to TensorBoard / W&B (x axis: optimizer steps)."""
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import secrets
@@ -69,7 +70,8 @@ def curves_figure(history: list[dict[str, Any]]) -> Any:
 def logging_backends(tensorboard: bool, wandb_project: str | None) -> tuple[Any, Any]:
     """TensorBoard's ``SummaryWriter`` and the ``wandb`` module, each ``None`` unless asked for;
     a ValueError naming the package when one asked for is not installed."""
-    summary_writer = wandb = None
+    summary_writer: Any = None
+    wandb: Any = None
     if tensorboard:
         try:
             from torch.utils.tensorboard import SummaryWriter as summary_writer
@@ -78,7 +80,7 @@ def logging_backends(tensorboard: bool, wandb_project: str | None) -> tuple[Any,
                              "pip install 'ssog[logging]'") from error
     if wandb_project:
         try:
-            import wandb
+            wandb = importlib.import_module("wandb")
         except ImportError as error:
             raise ValueError("Weights & Biases logging needs the wandb package: "
                              "pip install 'ssog[logging]'") from error

@@ -31,9 +31,11 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
     """
     was_training = model.training
     model.eval()
+    count: float  # summed over the processes as float64 (all_reduce_sum)
     loss_sum, count = 0.0, 0
-    correct = [0] * len(TOPK)
-    class_counts = class_hits = None
+    correct: list[float] = [0] * len(TOPK)
+    class_counts: list[int] = []
+    class_hits: list[int] = []
     for images, targets in (progress(loader) if progress else loader):
         images = images.to(ctx.device, non_blocking=True)
         targets = targets.to(ctx.device, non_blocking=True)
@@ -48,7 +50,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
         count += targets.numel()
         if per_class:
             classes = logits.shape[1]
-            if class_counts is None:
+            if not class_counts:
                 class_counts, class_hits = [0] * classes, [0] * classes
             for i, (n, h) in enumerate(zip(torch.bincount(targets, minlength=classes).tolist(),
                                            torch.bincount(targets[hits[:, 0]], minlength=classes).tolist())):
@@ -58,7 +60,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
     loss_sum, count, *correct = all_reduce_sum([loss_sum, count, *correct], ctx)
     if count == 0:
         raise ValueError("the validation set is empty")
-    metrics = {"loss": loss_sum / count}
+    metrics: dict[str, Any] = {"loss": loss_sum / count}
     metrics.update({f"acc{k}": 100.0 * c / count for k, c in zip(TOPK, correct)})
     if per_class:
         classes = len(class_counts)

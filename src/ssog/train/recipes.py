@@ -11,6 +11,11 @@ from typing import Any
 
 import yaml
 
+try:  # libyaml's loader where PyYAML was built with it
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
+
 __all__ = ["load_recipe", "merge_settings", "parse_override", "read_yaml_values", "recipe_variants"]
 
 
@@ -25,7 +30,7 @@ def merge_settings(base: dict[str, Any], override: dict[str, Any]) -> dict[str, 
     return merged
 
 
-class _RecipeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+class _RecipeLoader(_SafeLoader):
     """PyYAML's safe loader with YAML 1.2's floats: ``1e-3`` and ``5e-1`` without a dot are
     numbers, as every recipe writer means, at any depth (``model_kwargs: {sigma_min: 5e-1}``);
     YAML 1.1, which PyYAML follows, reads them as strings."""

@@ -54,9 +54,9 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
     if _is_ssog_checkpoint(path):
         state = load_checkpoint(path, only=(MODEL_KEY, "ema", "config", "weights"))
         ema_weights = state[MODEL_KEY] if state.get("weights") == "ema" else state.get("ema")
-        if ema and ema_weights is None:
-            raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
         weights, config = ema_weights if ema else state[MODEL_KEY], state.get("config")
+        if weights is None:
+            raise ValueError(f"checkpoint {path} has no EMA weights (the run had ema_decay unset)")
     elif ema:
         raise ValueError(f"{path} is a plain weight file: it has no separate EMA weights")
     else:
@@ -79,7 +79,8 @@ def check_finite_weights(weights: dict[str, torch.Tensor], source: str) -> None:
 
 def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
     """State-dict prefixes of the classification head (``("head.",)`` for timm's ViT)."""
-    head = model.get_classifier()
+    timm_model: Any = model  # timm's models have get_classifier
+    head = timm_model.get_classifier()
     names = tuple(f"{name}." for name, module in model.named_modules() if module is head and name)
     if not names:
         raise ValueError(f"cannot locate the classifier of {type(model).__name__} for a new head")
@@ -154,13 +155,14 @@ def set_input_size(model: torch.nn.Module, img_size: int | None = None, patch_si
         raise ValueError(f"{type(model).__name__} has no set_input_size: cannot change its input size")
     if rescale_kernels and not ssog_mixers(model):
         raise ValueError("--rescale-kernels applies to SSoG models; this model has no SSoG mixer")
-    old_grid = model.patch_embed.grid_size
+    timm_model: Any = model  # has set_input_size (checked above) and timm's patch_embed
+    old_grid = timm_model.patch_embed.grid_size
     # The ssog families rescale their kernels themselves (and check the grid ratio);
     # timm's own models take no such argument.
-    model.set_input_size(img_size=None if img_size is None else (img_size, img_size),
+    timm_model.set_input_size(img_size=None if img_size is None else (img_size, img_size),
                          patch_size=None if patch_size is None else (patch_size, patch_size),
                          **({"rescale_kernels": True} if rescale_kernels else {}))
-    return model.patch_embed.grid_size[0] / old_grid[0]
+    return timm_model.patch_embed.grid_size[0] / old_grid[0]
 
 
 def move_to_input_size(model: torch.nn.Module, img_size: int | None = None, patch_size: int | None = None,
@@ -250,7 +252,7 @@ def save_for_hf(model: torch.nn.Module, directory: str | Path, readme: str | Non
     tmp = temporary_path(directory)
     tmp.mkdir()  # the permissions of a new folder (tempfile.mkdtemp's are 0o700: not shareable)
     try:
-        timm_save_for_hf(model, tmp, model_config={"label_names": labels} if labels else None,
+        timm_save_for_hf(model, str(tmp), model_config={"label_names": labels} if labels else None,
                          safe_serialization=True)
         if readme is not None:
             (tmp / "README.md").write_text(readme, encoding="utf-8")
