@@ -49,14 +49,13 @@ from torch import nn
 from ssog.bench.memory import is_out_of_memory, peak_memory
 from ssog.bench.results import BenchResults, environment
 from ssog.bench.timing import quartiles, time_interleaved
-from ssog.models import count_flops
+from ssog.models import MIXER_NAMES, count_flops
 from ssog.runtime import autocast, resolve_device
 
 __all__ = [
     "DTYPES",
     "FAMILIES",
     "MODES",
-    "OPS",
     "PRESETS",
     "SweepConfig",
     "model_name",
@@ -68,7 +67,6 @@ logger = logging.getLogger(__name__)
 
 # Paper order of Fig. 5's rows: continuous (ODE-ViT), discrete (ViT), looped (bViT).
 FAMILIES = ("odevit", "vit", "loopvit")
-OPS = ("mha", "ssog")
 MODES = ("inference", "train")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 MiB = 2**20
@@ -87,7 +85,7 @@ class SweepConfig:
     """
 
     families: tuple[str, ...] = FAMILIES
-    ops: tuple[str, ...] = OPS
+    ops: tuple[str, ...] = MIXER_NAMES
     size: str = "small"
     resolutions: tuple[int, ...] = (224, 448)
     batch_sizes: tuple[int, ...] = (1, 2)
@@ -106,7 +104,7 @@ class SweepConfig:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
         _check_choices("families", self.families, FAMILIES)
-        _check_choices("ops", self.ops, OPS)
+        _check_choices("ops", self.ops, MIXER_NAMES)
         if not self.resolutions or min(self.resolutions) < 1:
             raise ValueError(f"resolutions must be positive image sides in pixels, got {self.resolutions}")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
