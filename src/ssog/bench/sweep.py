@@ -10,7 +10,7 @@ built at that resolution with random weights, and for each batch size:
    round (:func:`ssog.bench.timing.time_interleaved`): on a shared CPU whose speed drifts
    with other processes' load, both sides of a ratio see the same conditions. The SSoG
    row's ``speedup`` is the median over rounds of ``t_mha / t_ssog`` (with quartiles);
-3. one more pass per model measures peak memory (:func:`ssog.bench.memory.peak_memory`;
+3. one more pass per model measures peak memory (:func:`ssog.measure.peak_memory`;
    parameters, buffers and the input batch count as resident).
 
 Inference (``mode="inference"``) runs forward passes under ``torch.inference_mode``, models
@@ -46,11 +46,11 @@ import timm
 import torch
 from torch import nn
 
-from ssog.bench.memory import is_out_of_memory, peak_memory
 from ssog.bench.results import BenchResults, environment
 from ssog.bench.timing import quartiles, time_interleaved
 from ssog.models import MIXER_NAMES, count_flops
-from ssog.runtime import autocast, resolve_device
+from ssog.measure import format_duration, peak_memory
+from ssog.runtime import autocast, is_out_of_memory, resolve_device
 
 __all__ = [
     "DTYPES",
@@ -228,13 +228,6 @@ def planned_points(config: SweepConfig) -> int:
     return sum(len(batch_sizes) for *_, batch_sizes in _groups(config))
 
 
-def _duration(seconds: float) -> str:
-    """``seconds`` for a person: ``"42 s"``, ``"7.5 min"``, ``"2.1 h"``."""
-    if seconds < 100:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 6000 else f"{seconds / 3600:.1f} h"
-
-
 def _measure(
     models: Mapping[str, nn.Module],
     images: torch.Tensor,
@@ -366,7 +359,7 @@ def run_model_sweep(
                 results.save(output)
             elapsed = time.perf_counter() - start
             logger.info("%d/%d: %s %s, %d px, batch %d done; %s so far, about %s left", done, planned, family, size,
-                        resolution, batch, _duration(elapsed), _duration(elapsed / done * (planned - done)))
+                        resolution, batch, format_duration(elapsed), format_duration(elapsed / done * (planned - done)))
         del models
         _release(device)
     return results
