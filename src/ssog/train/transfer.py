@@ -11,12 +11,12 @@ from timm.models import load_state_dict as timm_load_state_dict
 
 from ssog.conversion import convert_state_dict
 from ssog.layers import ssog_mixers
-from ssog.models.weights import adapt_embeddings
-from ssog.train.checkpoint import FORMAT, MODEL_KEY, check_state_dict, checkpoint_path, load_checkpoint
+from ssog.models.weights import adapt_embeddings, load_weights_into
+from ssog.train.checkpoint import FORMAT, MODEL_KEY, checkpoint_path, load_checkpoint
 from ssog.train.config import TIMM_INIT_PREFIX
 
 __all__ = [
-    "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
+    "load_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
     "set_input_size", "model_from_checkpoint", "move_to_input_size",
 ]
 
@@ -61,17 +61,7 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
             weights, config = timm_load_state_dict(str(path)), None
         except Exception as error:
             raise ValueError(f"cannot read weights from {path}: {error}") from error
-    check_finite_weights(weights, f"checkpoint {path}")
     return weights, config
-
-
-def check_finite_weights(weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ValueError naming the first floating-point tensor of ``weights`` with a NaN or inf."""
-    for name, tensor in weights.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise ValueError(f"{source} holds non-finite weights ({bad} NaN/inf values in {name}): the run "
-                             "that wrote it diverged; use an earlier checkpoint")
 
 
 def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
@@ -106,8 +96,7 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
         logger.info(note)
     target = model.state_dict()
     new = tuple(k for k in target if k not in state and any(m in k for m in STEERING_MARKERS))
-    check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
-    model.load_state_dict(state, strict=False)
+    load_weights_into(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
     notes = ["head loaded" if keep_head else f"new head {', '.join(h.rstrip('.') for h in heads)}"]
     if kernels:
         notes.append(f"attention converted to SSoG ({len(kernels)} kernel tensors at their initialisation)")
@@ -208,8 +197,7 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     else:  # a model without a patch embedding (a CNN): any input size, the channels of its first convolution
         in_chans = next(tensor for tensor in weights.values() if tensor.ndim == 4).shape[1]
         model = build_model(cfg, len(classes), in_chans, cfg.img_size or 224)
-    check_state_dict(model, weights, f"checkpoint {path}")
-    model.load_state_dict(weights)
+    load_weights_into(model, weights, f"checkpoint {path}")
     # The data config the run trained with (older checkpoints: resolved from their config).
     apply_data_config(model, stored.get("data_config") or run_data_config(cfg, in_chans), classes)
     return model
