@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from ..ops.checks import check_tokens
 from ._tokens import refuse_torchscript
-from .options import check_heads
+from .options import check_mixer_options
 
 __all__ = ["MultiHeadAttention"]
 
@@ -33,7 +33,8 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        check_heads(dim, num_heads)
+        check_mixer_options(dim=dim, num_heads=num_heads, attn_drop=attn_drop, proj_drop=proj_drop,
+                            num_prefix_tokens=num_prefix_tokens)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.num_prefix_tokens = num_prefix_tokens
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
