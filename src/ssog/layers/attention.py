@@ -36,8 +36,8 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        check_heads(dim, num_heads)
-        self.check_options(dict(attn_drop=attn_drop, proj_drop=proj_drop, num_prefix_tokens=num_prefix_tokens))
+        self.check_options(dict(dim=dim, num_heads=num_heads, attn_drop=attn_drop, proj_drop=proj_drop,
+                                num_prefix_tokens=num_prefix_tokens))
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.num_prefix_tokens = num_prefix_tokens
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
@@ -48,8 +48,11 @@ class MultiHeadAttention(nn.Module):
     @staticmethod
     def check_options(options: Mapping[str, Any]) -> None:
         """The numeric options of this mixer in ``options`` (absent or ``None``: the default),
-        each in its range; the constructor runs it, and the model families on their mixer
-        options before they build anything."""
+        each in its range, and ``dim`` (where given) split into ``num_heads`` equal heads; the
+        constructor runs it, and the model families on their mixer options before they build
+        anything."""
+        if "dim" in options:
+            check_heads(options["dim"], options["num_heads"])
         check_probability("attn_drop", options.get("attn_drop"))
         check_probability("proj_drop", options.get("proj_drop"))
         check_integer("num_prefix_tokens", options.get("num_prefix_tokens"), 0)

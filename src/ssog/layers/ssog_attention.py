@@ -218,10 +218,10 @@ class SSoGAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        check_heads(dim, num_heads)
-        self.check_options(dict(num_atoms=num_atoms, sigma_min=sigma_min, steer_radius=steer_radius,
-                                centre_radius=centre_radius, num_prefix_tokens=num_prefix_tokens,
-                                steer_gate_init=steer_gate_init, proj_drop=proj_drop, attn_drop=attn_drop))
+        self.check_options(dict(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
+                                steer_radius=steer_radius, centre_radius=centre_radius,
+                                num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init,
+                                proj_drop=proj_drop, attn_drop=attn_drop))
         check_backend(backend)
 
         scale = _axis_pair(kernel_scale, "kernel_scale")
@@ -276,8 +276,11 @@ class SSoGAttention(nn.Module):
         each in its range (a one-line ``ValueError`` naming it and the range). Lengths are in
         tokens, and the operator places no centre further than
         :data:`~ssog.ops.checks.MAX_CENTRE_OFFSET`; a model holds them to its grid too
-        (:func:`ssog.layers.options.check_kernel_reach`). The constructor runs it, and the model
-        families on their mixer options before they build anything."""
+        (:func:`ssog.layers.options.check_kernel_reach`). ``dim`` (where given) must split into
+        ``num_heads`` equal heads. The constructor runs it, and the model families on their
+        mixer options before they build anything."""
+        if "dim" in options:
+            check_heads(options["dim"], options["num_heads"])
         check_integer("num_atoms", options.get("num_atoms"), 1)
         check_number("sigma_min", options.get("sigma_min"), 0, low_open=True, unit="the width floor in tokens")
         check_number("steer_radius", options.get("steer_radius"), 0, MAX_CENTRE_OFFSET, low_open=True, unit="tokens")
