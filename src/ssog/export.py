@@ -1,5 +1,6 @@
-"""Exporting the ssog models: ONNX files verified with onnxruntime, and the model card of a
-model shared in timm's Hugging Face layout (:func:`model_card`, ``ssog export --format hf``).
+"""Exporting the ssog models: ONNX files verified with onnxruntime, and models in timm's Hugging
+Face layout with their model card (:func:`save_for_hf`, :func:`save_run_for_hf`,
+:func:`model_card`: ``ssog export --format hf``).
 
 Needs the optional ``export`` extra (``pip install -e '.[export]'``: onnx, onnxscript,
 onnxruntime). The graph comes from ``torch.onnx.export(..., dynamo=True)`` with a dynamic
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +28,12 @@ import torch
 import yaml
 from torch import nn
 
-from .files import refuse_existing, replacing
+from .files import new_file_mode, refuse_existing, replacing, temporary_path
 
 __all__ = [
-    "EXPORT_PACKAGES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "check_export_memory", "check_hub_id",
-    "dynamic_image_shapes", "export_onnx", "missing_export_packages", "model_card", "run_summary", "training_recipe",
-    "verify_onnx",
+    "EXPORT_PACKAGES", "HF_FILES", "LIBRARY_TITLE", "MIN_PATCHES", "ExportMismatch", "check_export_memory",
+    "check_hub_id", "dynamic_image_shapes", "export_onnx", "missing_export_packages", "model_card", "run_summary",
+    "save_for_hf", "save_run_for_hf", "training_recipe", "verify_onnx",
 ]
 
 
@@ -217,12 +220,12 @@ def verify_onnx(model: nn.Module, path: str | Path, images: torch.Tensor, atol: 
 #: This library's title, as CITATION.cff gives it (the model card cites it).
 LIBRARY_TITLE = "ssog: separable sum-of-Gaussians token mixing for Vision Transformers"
 #: How the card names each family and token mixer.
-FAMILY_NAMES = {
+FAMILY_TITLES = {
     "vit": "discrete ViT (independent pre-norm blocks)",
     "loopvit": "looped ViT (one shared block applied repeatedly)",
     "odevit": "continuous-depth ODE-ViT (one time-conditioned block integrated by torchdiffeq)",
 }
-MIXER_NAMES = {"mha": "multi-head self-attention", "ssog": "SSoG token mixing (separable sum of Gaussians)"}
+MIXER_TITLES = {"mha": "multi-head self-attention", "ssog": "SSoG token mixing (separable sum of Gaussians)"}
 
 
 #: The ``summary.json`` entries the model card reads, and their types.
@@ -299,8 +302,8 @@ def model_card(
     name = pretrained.get("architecture") or type(model).__name__
     details: dict[str, Any] = {"Model Type": "Image classification / feature backbone"}
     family, op = getattr(model, "family", None), getattr(model, "op", None)
-    if family in FAMILY_NAMES and op in MIXER_NAMES:
-        details["Architecture"] = f"{FAMILY_NAMES[family]}, {MIXER_NAMES[op]}"
+    if family in FAMILY_TITLES and op in MIXER_TITLES:
+        details["Architecture"] = f"{FAMILY_TITLES[family]}, {MIXER_TITLES[op]}"
     details["Model Stats"] = _model_stats(model)
     if checkpoint is None:
         details["Weights"] = "initial (random) weights of the architecture, not trained"
@@ -462,3 +465,63 @@ def _version() -> str:
     from . import __version__
 
     return __version__
+
+
+# ----------------------------------------------------------------------------- Hugging Face layout
+#: What ``timm.models.save_for_hf`` writes (timm's Hugging Face layout).
+HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def save_for_hf(model: torch.nn.Module, directory: str | Path, readme: str | None = None) -> Path:
+    """Write ``model`` in timm's Hugging Face layout (``config.json`` with its architecture,
+    arguments, data config and class names; ``model.safetensors``; ``README.md``: ``readme``,
+    its model card, :func:`model_card`) to the new or empty folder
+    ``directory``, through ``timm.models.save_for_hf``, so that
+    ``timm.create_model("local-dir:DIR", pretrained=True)`` (or ``hf-hub:USER/REPO`` once
+    uploaded) rebuilds it. The files are written to a temporary folder beside it and moved
+    there at once; a folder that already holds a model is refused."""
+    from timm.models import save_for_hf as timm_save_for_hf
+
+    # A link to an (empty) folder is written through, into its target; ``a/../b`` is ``b``,
+    # so no ``a/`` is created on the way (both as the user reads the path).
+    directory = Path(directory).resolve() if Path(directory).is_symlink() else Path(os.path.normpath(directory))
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        held = next((name for name in HF_FILES if (directory / name).exists()), None)
+        what = f"already holds a model ({held})" if held else "is not an empty folder"
+        raise ValueError(f"--output {directory} {what}; choose a new folder")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    labels = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    tmp = temporary_path(directory)
+    tmp.mkdir()  # the permissions of a new folder (tempfile.mkdtemp's are 0o700: not shareable)
+    try:
+        timm_save_for_hf(model, str(tmp), model_config={"label_names": labels} if labels else None,
+                         safe_serialization=True)
+        if readme is not None:
+            (tmp / "README.md").write_text(readme, encoding="utf-8")
+        for file in tmp.iterdir():  # safetensors writes 0600: give every file what the umask allows
+            os.chmod(file, new_file_mode())
+        os.replace(tmp, directory)  # replaces an empty folder too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def save_run_for_hf(
+    checkpoint: str | Path, directory: str | Path, ema: bool = False, hub_id: str | None = None,
+) -> Path:
+    """A run's trained model (a run folder: its ``best``; ``ema``: its EMA weights) in timm's
+    Hugging Face layout (:func:`save_for_hf`), with the run's data config and class names, and
+    its model card (:func:`model_card`: the run's metrics; ``hub_id``, ``USER/REPO``,
+    the name it loads by from the hub)."""
+    from .train.checkpoint import checkpoint_path, load_checkpoint
+    from .train.config import TIMM_INIT_PREFIX
+    from .train.transfer import model_from_checkpoint
+
+    path = checkpoint_path(checkpoint, "best")
+    config = load_checkpoint(path, only=("config",)).get("config") or {}
+    if (config.get("init_from") or "").startswith(TIMM_INIT_PREFIX):
+        raise ValueError(f"{path} is a timm model converted to SSoG ({config['init_from']}); timm's layout names "
+                         "an architecture timm can rebuild, which a conversion is not: use ssog.convert on it")
+    model = model_from_checkpoint(path, ema=ema)
+    return save_for_hf(model, directory, readme=model_card(model, path, ema=ema, hub_id=hub_id))

@@ -13,7 +13,7 @@ import yaml
 from timm.data import create_transform
 
 from ssog.cli import build_parsers, main
-from ssog.cli.train_options import EMA_DECAY, OPTIONS, TIMM_INSTEAD, fill_fallbacks
+from ssog.cli.train_options import EMA_DECAY, TRAIN_FLAGS, TIMM_INSTEAD, fill_fallbacks
 from ssog.data.transforms import AUGMENTATIONS, build_transform, configure_augmentation
 from ssog.train import TrainConfig
 from ssog.train.builders import build_model
@@ -146,7 +146,7 @@ def test_each_flag_sets_its_config_value(flag, arguments, key, expected, configu
 
 def test_every_flag_of_the_table_is_tested():
     tested = {case[0] for case in CASES}
-    assert {flag for option in OPTIONS for flag in option.flags} <= tested
+    assert {flag for option in TRAIN_FLAGS for flag in option.flags} <= tested
 
 
 def test_flags_override_the_recipe_and_set_overrides_the_flags(tmp_path, configured):
@@ -359,9 +359,9 @@ def test_the_docs_table_is_the_option_table():
         if line.startswith("| `-"):
             cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
             rows.update((flag, cells) for flag in re.findall(r"`(-[^`]+)`", cells[0]))
-    options = {option.timm: option for option in OPTIONS if option.timm}
+    options = {option.timm: option for option in TRAIN_FLAGS if option.timm}
     own = {"--experiment", "--output", "--resume", "--config"}  # ssog options outside the table
-    all_flags = {flag for option in OPTIONS for flag in option.flags}
+    all_flags = {flag for option in TRAIN_FLAGS for flag in option.flags}
     assert set(options) | set(TIMM_INSTEAD) | own <= set(rows)
     assert set(rows) <= all_flags | set(TIMM_INSTEAD) | own
     for flag, option in options.items():

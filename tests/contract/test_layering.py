@@ -1,12 +1,14 @@
 """The house rules of src/ssog (docs/architecture.md): the import rules are import-linter's
 contracts in pyproject.toml (``lint-imports``), run here so that a broken rule fails the suite;
 what import-linter cannot see is checked on the source: no module imports another's private
-name, every public module says what it exports, torchdiffeq is used through its public API."""
+name, every public module says what it exports, torchdiffeq is used through its public API; and
+the page's path of ``ssog train`` to the operator is the one a run takes."""
 from __future__ import annotations
 
 import ast
 import importlib.metadata
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from importlinter.api import read_configuration
 from importlinter.application.use_cases import lint_imports
 
 import ssog
+from ssog.cli import main
 
 PYPROJECT = str(Path(__file__).resolve().parents[2] / "pyproject.toml")
 CONTRACTS = read_configuration(PYPROJECT)["contracts_options"]
@@ -99,3 +102,54 @@ def test_torchdiffeq_is_used_through_its_public_api(path):
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
         private = [name for name in names if name.startswith("torchdiffeq.")]
         assert not private, f"{path.relative_to(SRC)} imports {private}: use torchdiffeq's public odeint"
+
+
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def _path_section() -> str:
+    text = ARCHITECTURE.read_text()
+    start = text.index("## The path of `ssog train`")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_architecture_names_the_path_of_ssog_train(tmp_path, monkeypatch):
+    """docs/architecture.md lists the ssog functions from ``main`` to the operator's first
+    forward pass as a run takes them: the call stack when the first SSoG mixer is built,
+    then the one when the first backend function runs (comprehensions left out)."""
+    section = _path_section()
+    listed = re.findall(r"^\d+\. `([^`]+)`", section, flags=re.M)
+    functions, files = map(int, re.search(r"(\d+) functions in (\d+) files", section).groups())
+    stacks: dict[str, list[str]] = {}
+
+    def ssog_stack(frame) -> list[str]:
+        names = []
+        while frame is not None:
+            code = frame.f_code
+            if code.co_filename.startswith(str(SRC)) and "<genexpr>" not in code.co_name:
+                names.append(f"{Path(code.co_filename).relative_to(SRC)}:{code.co_qualname}")
+            frame = frame.f_back
+        return names[::-1]
+
+    def watch(frame, event, arg) -> None:
+        if event != "call":
+            return
+        where = Path(frame.f_code.co_filename)
+        if "build" not in stacks and where == SRC / "layers" / "ssog_attention.py" \
+                and frame.f_code.co_qualname == "SSoGAttention.__init__":
+            stacks["build"] = ssog_stack(frame)
+        if where == SRC / "ops" / "backends.py":
+            stacks["forward"] = ssog_stack(frame)
+            sys.setprofile(None)
+
+    monkeypatch.chdir(tmp_path)
+    sys.setprofile(watch)
+    try:
+        assert main(["train", "--device", "cpu", "--epochs", "1", "--max-steps", "1", "--no-progress",
+                     "--output", "run"]) == 0
+    finally:
+        sys.setprofile(None)
+    traced = list(dict.fromkeys(stacks["build"] + stacks["forward"]))
+    assert listed == traced
+    assert (functions, files) == (len(traced), len({name.split(":")[0] for name in traced}))

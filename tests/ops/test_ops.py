@@ -434,11 +434,14 @@ def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):
 
 
 def test_forced_backend_overrides_and_restores(monkeypatch):
-    from ssog.ops import backends
+    import dataclasses
+
+    from ssog.ops import BACKENDS
 
     calls = []
-    original = backends.fixed_separable
-    monkeypatch.setattr(backends, "fixed_separable", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = BACKENDS["separable"]
+    monkeypatch.setitem(BACKENDS, "separable", dataclasses.replace(
+        original, fixed=lambda *a, **k: calls.append(1) or original.fixed(*a, **k)))
     mu, sigma, weight = fixed_params(1, 2, dtype=torch.float32)
     v = values(1, 1, 4, 2, dtype=torch.float32)
     with forced_backend("separable"):

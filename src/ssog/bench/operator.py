@@ -11,7 +11,7 @@ per-round ratio ``t_sdpa / t_candidate``, with its quartiles.
 without the value checks of the public ``ssog_mix`` (they read values on the host, which
 would break the graph). Each is compiled before the timed rounds.
 
-Peak memory is the allocator's peak during one call (``ssog.bench.memory.peak_memory``),
+Peak memory is the allocator's peak during one call (``ssog.measure.peak_memory``),
 operands excluded: output, workspace and, with ``backward``, the gradients. The footprint
 adds the operands each operator needs materialised: ``q, k, v`` for SDPA, ``v`` for SSoG
 (its kernel parameters are a few KiB) — what a layer built on it must hold.
@@ -33,8 +33,8 @@ from ..files import save_figure, write_atomic
 from ..layers import MultiHeadAttention, SSoGAttention, multiscale_widths
 from ..ops import BACKEND_NAMES, BACKENDS, choose_backend, cpp_kernels, ssog_mix
 from ..ops.functional import mix_unchecked
-from ..runtime import resolve_device, resolve_dtype
-from .memory import is_out_of_memory, peak_memory
+from ..measure import peak_memory
+from ..runtime import is_out_of_memory, resolve_device, resolve_dtype
 from .results import environment
 from .timing import quartiles, time_interleaved
 

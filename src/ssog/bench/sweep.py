@@ -10,7 +10,7 @@ built at that resolution with random weights, and for each batch size:
    round (:func:`ssog.bench.timing.time_interleaved`): on a shared CPU whose speed drifts
    with other processes' load, both sides of a ratio see the same conditions. The SSoG
    row's ``speedup`` is the median over rounds of ``t_mha / t_ssog`` (with quartiles);
-3. one more pass per model measures peak memory (:func:`ssog.bench.memory.peak_memory`;
+3. one more pass per model measures peak memory (:func:`ssog.measure.peak_memory`;
    parameters, buffers and the input batch count as resident).
 
 Inference (``mode="inference"``) runs forward passes under ``torch.inference_mode``, models
@@ -46,17 +46,16 @@ import timm
 import torch
 from torch import nn
 
-from ssog.bench.memory import is_out_of_memory, peak_memory
 from ssog.bench.results import BenchResults, environment
 from ssog.bench.timing import quartiles, time_interleaved
-from ssog.models import count_flops
-from ssog.runtime import autocast, resolve_device
+from ssog.models import MIXER_NAMES, count_flops
+from ssog.measure import format_duration, peak_memory
+from ssog.runtime import autocast, is_out_of_memory, resolve_device
 
 __all__ = [
     "DTYPES",
     "FAMILIES",
     "MODES",
-    "OPS",
     "PRESETS",
     "SweepConfig",
     "model_name",
@@ -68,7 +67,6 @@ logger = logging.getLogger(__name__)
 
 # Paper order of Fig. 5's rows: continuous (ODE-ViT), discrete (ViT), looped (bViT).
 FAMILIES = ("odevit", "vit", "loopvit")
-OPS = ("mha", "ssog")
 MODES = ("inference", "train")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 MiB = 2**20
@@ -87,7 +85,7 @@ class SweepConfig:
     """
 
     families: tuple[str, ...] = FAMILIES
-    ops: tuple[str, ...] = OPS
+    ops: tuple[str, ...] = MIXER_NAMES
     size: str = "small"
     resolutions: tuple[int, ...] = (224, 448)
     batch_sizes: tuple[int, ...] = (1, 2)
@@ -106,7 +104,7 @@ class SweepConfig:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
         _check_choices("families", self.families, FAMILIES)
-        _check_choices("ops", self.ops, OPS)
+        _check_choices("ops", self.ops, MIXER_NAMES)
         if not self.resolutions or min(self.resolutions) < 1:
             raise ValueError(f"resolutions must be positive image sides in pixels, got {self.resolutions}")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -230,13 +228,6 @@ def _groups(config: SweepConfig) -> Iterator[tuple[str, str, int, tuple[int, ...
 def planned_points(config: SweepConfig) -> int:
     """How many (family, size, resolution, batch size) ``config`` measures, each for every op."""
     return sum(len(batch_sizes) for *_, batch_sizes in _groups(config))
-
-
-def _duration(seconds: float) -> str:
-    """``seconds`` for a person: ``"42 s"``, ``"7.5 min"``, ``"2.1 h"``."""
-    if seconds < 100:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 6000 else f"{seconds / 3600:.1f} h"
 
 
 def _measure(
@@ -377,7 +368,7 @@ def run_model_sweep(
                 results.save(output)
             elapsed = time.perf_counter() - start
             logger.info("%d/%d: %s %s, %d px, batch %d done; %s so far, about %s left", done, planned, family, size,
-                        resolution, batch, _duration(elapsed), _duration(elapsed / done * (planned - done)))
+                        resolution, batch, format_duration(elapsed), format_duration(elapsed / done * (planned - done)))
         del models
         _release(device)
     return results

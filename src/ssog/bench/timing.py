@@ -10,22 +10,16 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ssog.measure import synchronize, timed
 from ssog.runtime import resolve_device
 
 __all__ = ["TimingStats", "quartiles", "resolve_device", "synchronize", "time_callable", "time_interleaved"]
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for all work queued on ``device`` (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -169,7 +163,5 @@ def time_interleaved(
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for order in _round_orders(fns, iters):
         for name, fn in order:
-            begin = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - begin)
+            samples[name].append(timed(fn, device))
     return {name: TimingStats(tuple(values)) for name, values in samples.items()}

@@ -7,7 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ssog.bench.sweep import DTYPES, FAMILIES, MODES, OPS, PRESETS
+from ssog.bench.sweep import DTYPES, FAMILIES, MODES, PRESETS
+from ssog.models import MIXER_NAMES
 
 SUMMARY_NAME = "summary.md"
 _OVERRIDES = (
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="'default': a CPU sweep, D=384, batch 1 and 2; 'cpu-targets': D=384, batch 4, "
                              "224 and 448 px; 'paper': the paper's GPU sweep")
     parser.add_argument("--families", nargs="+", choices=FAMILIES, help="model families")
-    parser.add_argument("--ops", nargs="+", choices=OPS, help="token mixers")
+    parser.add_argument("--ops", nargs="+", choices=MIXER_NAMES, help="token mixers")
     parser.add_argument("--size", help="width preset of the resolution x batch grid: small, medium, base, "
                                        "or a CPU preset (tiny, micro)")
     parser.add_argument("--resolutions", nargs="+", type=int, metavar="PX", help="image sides in pixels")

@@ -165,7 +165,7 @@ def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
 
 
 def _run_hf(args: argparse.Namespace) -> int:
-    from ssog.train.transfer import save_for_hf, save_run_for_hf
+    from ssog.export import save_for_hf, save_run_for_hf
 
     if args.overwrite:  # said, not ignored: a folder of the user's is never replaced
         raise ValueError("--overwrite replaces an .onnx file; --format hf writes a new folder and never replaces "

@@ -1,5 +1,5 @@
 """``ssog train``: train a model from defaults, a recipe, and command-line overrides (the
-options are :data:`ssog.cli.train_options.OPTIONS`, timm's train.py flags among them)."""
+options are :data:`ssog.cli.train_options.TRAIN_FLAGS`, timm's train.py flags among them)."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""The options of ``ssog train``: one table (:data:`OPTIONS`) from command-line flags to config
+"""The options of ``ssog train``: one table (:data:`TRAIN_FLAGS`) from command-line flags to config
 settings, with timm's train.py flags where timm has the setting.
 
 Each :class:`Option` names its flags (the first is the one ``--help`` lists first), the config
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 __all__ = [
-    "EMA_DECAY", "GROUPS", "OPTIONS", "Option", "TIMM_INSTEAD", "add_options", "fill_fallbacks", "option_settings",
+    "EMA_DECAY", "GROUPS", "TRAIN_FLAGS", "Option", "TIMM_INSTEAD", "add_options", "fill_fallbacks", "option_settings",
     "unknown_option_hint",
 ]
 
@@ -79,7 +79,7 @@ def _amp_dtype(text: str) -> str:
 _DATA, _AUG, _OPT, _RUN = GROUPS
 #: Every option of ``ssog train`` that sets (or fixes) a setting; the order is the order in
 #: which they apply (a later one wins where two set the same key), and ``--help``'s.
-OPTIONS: tuple[Option, ...] = (
+TRAIN_FLAGS: tuple[Option, ...] = (
     Option(("--model",), "model", "timm model name (default: the digits preset)", _DATA, "--model"),
     Option(("--dataset",), "dataset", "digits | cifar10 | cifar100 | imagefolder | synthetic, or a timm data source: "
            "hfds/NAME, hfids/NAME, wds/NAME, tfds/NAME, torch/NAME", _DATA, "--dataset"),
@@ -240,10 +240,10 @@ def _argument(option: Option) -> dict[str, Any]:
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """Add every :data:`OPTIONS` entry to ``parser``, in its help group; an option not given is
+    """Add every :data:`TRAIN_FLAGS` entry to ``parser``, in its help group; an option not given is
     absent from the parsed arguments."""
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    for option in OPTIONS:
+    for option in TRAIN_FLAGS:
         groups[option.group].add_argument(*option.flags, dest=option.dest, default=argparse.SUPPRESS,
                                           **_argument(option))
 
@@ -254,7 +254,7 @@ def option_settings(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
     for a fixed behaviour asked otherwise."""
     overrides, fallbacks = [], []
     given: dict[str, tuple[Option, Any]] = {}  # the option that set each key, and its value
-    for option in OPTIONS:
+    for option in TRAIN_FLAGS:
         if not hasattr(args, option.dest):
             continue
         value = getattr(args, option.dest)

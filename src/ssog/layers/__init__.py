@@ -1,6 +1,6 @@
 """Token mixers and small blocks built on :mod:`ssog.ops`."""
 from .attention import MultiHeadAttention
-from .mixers import MIXER_TYPES, named_mixers, ssog_mixers
+from .find_mixers import MIXER_TYPES, named_mixers, ssog_mixers
 from .norm import CenterNorm
 from .ssog_attention import (
     CLASS_TOKEN_POOLING, KERNEL_UNITS, REFERENCE_GRID, STEERABLE, SSoGAttention, TokenGridFromImages,

@@ -1,6 +1,7 @@
 """``MultiHeadAttention``: the dense baseline on fused scaled-dot-product attention."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ from torch import Tensor, nn
 
 from ..ops.checks import check_tokens
 from ._tokens import refuse_torchscript
-from .options import check_heads
+from .options import check_heads, check_integer, check_probability
 
 __all__ = ["MultiHeadAttention"]
 
@@ -35,13 +36,26 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd: dict[str, Any] = {"device": device, "dtype": dtype}
-        check_heads(dim, num_heads)
+        self.check_options(dict(dim=dim, num_heads=num_heads, attn_drop=attn_drop, proj_drop=proj_drop,
+                                num_prefix_tokens=num_prefix_tokens))
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.num_prefix_tokens = num_prefix_tokens
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+
+    @staticmethod
+    def check_options(options: Mapping[str, Any]) -> None:
+        """The numeric options of this mixer in ``options`` (absent or ``None``: the default),
+        each in its range, and ``dim`` (where given) split into ``num_heads`` equal heads; the
+        constructor runs it, and the model families on their mixer options before they build
+        anything."""
+        if "dim" in options:
+            check_heads(options["dim"], options["num_heads"])
+        check_probability("attn_drop", options.get("attn_drop"))
+        check_probability("proj_drop", options.get("proj_drop"))
+        check_integer("num_prefix_tokens", options.get("num_prefix_tokens"), 0)
 
     def _qkv(self, x: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)

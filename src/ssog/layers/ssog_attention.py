@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -14,11 +14,11 @@ from torch import Tensor, nn
 from ..ops import ssog_matrix
 from ..ops.backends import apply_fixed_matrix
 from ..ops.capture import capturing_graph
-from ..ops.checks import check_steer, check_tokens
+from ..ops.checks import MAX_CENTRE_OFFSET, check_steer, check_tokens
 from ..ops.functional import choose_backend, forced_backend_name, mix_unchecked
 from ..ops.registry import check_backend
 from ._tokens import prefix_mean_rows, refuse_torchscript
-from .options import check_mixer_options
+from .options import check_heads, check_integer, check_number, check_probability
 
 STEERABLE = ("mu", "sigma", "lambda")
 #: Why an SSoG model pooled by its class token never trains its last block's kernels (the
@@ -220,10 +220,10 @@ class SSoGAttention(nn.Module):
     ) -> None:
         super().__init__()
         dd: dict[str, Any] = {"device": device, "dtype": dtype}
-        check_mixer_options(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
-                            steer_radius=steer_radius, centre_radius=centre_radius,
-                            num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init, proj_drop=proj_drop,
-                            attn_drop=attn_drop)
+        self.check_options(dict(dim=dim, num_heads=num_heads, num_atoms=num_atoms, sigma_min=sigma_min,
+                                steer_radius=steer_radius, centre_radius=centre_radius,
+                                num_prefix_tokens=num_prefix_tokens, steer_gate_init=steer_gate_init,
+                                proj_drop=proj_drop, attn_drop=attn_drop))
         check_backend(backend)
 
         scale = _axis_pair(kernel_scale, "kernel_scale")
@@ -271,6 +271,26 @@ class SSoGAttention(nn.Module):
         self.register_load_state_dict_pre_hook(_module_names)
         # (key, A) of the last fixed mixing matrix built without gradients: see _inference_matrix.
         self._matrix_cache: tuple[tuple, Tensor] | None = None
+
+    @staticmethod
+    def check_options(options: Mapping[str, Any]) -> None:
+        """The numeric options of this mixer in ``options`` (absent or ``None``: the default),
+        each in its range (a one-line ``ValueError`` naming it and the range). Lengths are in
+        tokens, and the operator places no centre further than
+        :data:`~ssog.ops.checks.MAX_CENTRE_OFFSET`; a model holds them to its grid too
+        (:func:`ssog.layers.options.check_kernel_reach`). ``dim`` (where given) must split into
+        ``num_heads`` equal heads. The constructor runs it, and the model families on their
+        mixer options before they build anything."""
+        if "dim" in options:
+            check_heads(options["dim"], options["num_heads"])
+        check_integer("num_atoms", options.get("num_atoms"), 1)
+        check_number("sigma_min", options.get("sigma_min"), 0, low_open=True, unit="the width floor in tokens")
+        check_number("steer_radius", options.get("steer_radius"), 0, MAX_CENTRE_OFFSET, low_open=True, unit="tokens")
+        check_number("centre_radius", options.get("centre_radius"), 0, MAX_CENTRE_OFFSET, unit="tokens")
+        check_integer("num_prefix_tokens", options.get("num_prefix_tokens"), 0)
+        check_number("steer_gate_init", options.get("steer_gate_init"), unit="the steering gates' starting logit")
+        check_probability("proj_drop", options.get("proj_drop"))
+        check_probability("attn_drop", options.get("attn_drop"))
 
     @classmethod
     def configured(cls, **options: Any) -> type[SSoGAttention]:

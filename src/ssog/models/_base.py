@@ -24,8 +24,8 @@ from timm.models.vision_transformer import get_init_weights_vit
 from torch import Tensor, nn
 
 from ..layers import SSoGAttention, describe_initial_kernels, kernel_scale_for_grid, named_mixers, ssog_mixers
-from ..layers.options import check_heads, check_kernel_reach, check_options, token_grid
-from ._blocks import resolve_mixer_args
+from ..layers.options import check_heads, check_integer, check_kernel_reach, check_number, check_probability, token_grid
+from ._blocks import MIXERS, resolve_mixer_args
 from .weights import load_run_checkpoint
 
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg", "")
@@ -79,8 +79,8 @@ class ViTBase(nn.Module):
             xavier-uniform (the init DiT gives its adaLN-Zero blocks), ``"jax_nlhb"``,
             ``"moco"``.
 
-    Every numeric option (a family's too: it checks its own before calling this) is checked
-    against :data:`ssog.layers.options.OPTIONS` before any module is built; a bad value is a
+    Every numeric option (a family's too: it checks its own before calling this; the mixer's
+    with the mixer's ``check_options``) is checked before any module is built; a bad value is a
     one-line ``ValueError`` naming it and its range.
     """
 
@@ -113,12 +113,14 @@ class ViTBase(nn.Module):
     ) -> None:
         super().__init__()
         dd: dict[str, Any] = {"device": device, "dtype": dtype}
-        # Every option is checked before any module is built (the table: ssog.layers.options);
-        # the kernel lengths (centre_radius, steer_radius) against the token grid, below.
-        check_options(dict(
-            in_chans=in_chans, num_classes=num_classes, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
-            proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
-        ))
+        # Every option is checked before any module is built; the kernel lengths (centre_radius,
+        # steer_radius) against the token grid too, below.
+        check_integer("in_chans", in_chans, 1)
+        check_integer("num_classes", num_classes, 0)
+        check_number("mlp_ratio", mlp_ratio, 0, low_open=True)
+        for name, rate in (("drop_rate", drop_rate), ("proj_drop_rate", proj_drop_rate),
+                           ("drop_path_rate", drop_path_rate)):
+            check_probability(name, rate)
         check_heads(embed_dim, num_heads, "embed_dim")
         if weight_init not in WEIGHT_INITS:
             raise ValueError(f"weight_init={weight_init!r}: expected one of timm's ViT modes {WEIGHT_INITS}")
@@ -136,7 +138,7 @@ class ViTBase(nn.Module):
         if op == "ssog":
             self.mixer_kwargs["kernel_scale"] = kernel_scale_for_grid(grid, units)
             check_kernel_reach(self.mixer_kwargs, grid, self.mixer_kwargs["kernel_scale"], units)
-        check_options(self.mixer_kwargs)  # the kernel lengths were held to the grid above
+        MIXERS[op].check_options(self.mixer_kwargs)  # the kernel lengths were held to the grid above
         self.op = op
         self.num_classes = num_classes
         self.in_chans = in_chans

@@ -14,8 +14,9 @@ from ..layers.ssog_attention import STEERABLE
 from ..ops.checks import check_steer
 
 #: The token mixers a model can be built with, by ``op``.
-MIXERS: dict[str, type[nn.Module]] = {"mha": MultiHeadAttention, "ssog": SSoGAttention}
-OPS: tuple[str, ...] = tuple(MIXERS)
+MIXERS: dict[str, type[MultiHeadAttention] | type[SSoGAttention]] = {"mha": MultiHeadAttention, "ssog": SSoGAttention}
+#: The values ``op`` takes: the names of :data:`MIXERS`.
+MIXER_NAMES: tuple[str, ...] = tuple(MIXERS)
 #: Constructor arguments of a mixer that the model sets from its own (width, heads, prefix
 #: tokens, biases, dropout, token grid, device); every other one is a mixer option.
 MODEL_SET: frozenset[str] = frozenset({"dim", "num_heads", "num_prefix_tokens", "qkv_bias", "proj_drop",
@@ -26,7 +27,7 @@ def mixer_options(op: str) -> dict[str, inspect.Parameter]:
     """The options of the mixer ``op`` a model forwards to it: its constructor's arguments but
     those of :data:`MODEL_SET`, with their defaults (the mixer's signature is their one home)."""
     if op not in MIXERS:
-        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
+        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(MIXER_NAMES)}")
     parameters = inspect.signature(MIXERS[op]).parameters
     return {name: parameter for name, parameter in parameters.items() if name not in MODEL_SET}
 
@@ -47,7 +48,7 @@ def resolve_mixer_args(op: str, options: Mapping[str, Any]) -> dict[str, Any]:
     given = {name: value for name, value in options.items() if value is not None}
     unknown = sorted(set(given) - set(known))
     if unknown:
-        owners = [other for other in OPS if other != op and set(unknown) <= set(mixer_options(other))]
+        owners = [other for other in MIXER_NAMES if other != op and set(unknown) <= set(mixer_options(other))]
         if owners:
             raise ValueError(f"option(s) {unknown} only apply to op={owners[0]!r}, not op={op!r}")
         raise TypeError(f"unexpected option(s) {unknown}: neither a model argument nor an option of the {op!r} "
@@ -77,7 +78,7 @@ def create_mixer(
     Both mixers are called ``mixer(x, grid_size)`` with ``x (B, P + Hg*Wg, dim)``.
     """
     if op not in MIXERS:
-        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
+        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(MIXER_NAMES)}")
     return MIXERS[op](
         dim, num_heads, num_prefix_tokens=num_prefix_tokens, qkv_bias=qkv_bias, proj_drop=proj_drop,
         device=device, dtype=dtype, **(mixer_kwargs or {}),

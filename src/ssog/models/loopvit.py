@@ -7,7 +7,7 @@ from torch import Tensor
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
-from ..layers.options import check_options
+from ..layers.options import check_integer
 from ._base import ViTBase
 from ._blocks import Block
 from ._registry import CIFAR_CFG, DIGITS_CFG, build_registered, model_cfg
@@ -29,7 +29,7 @@ class LoopViT(ViTBase):
     family = "loopvit"
 
     def __init__(self, num_loops: int = 12, **kwargs: Any) -> None:
-        check_options({"num_loops": num_loops})  # before the base builds anything
+        check_integer("num_loops", num_loops, 1)  # before the base builds anything
         super().__init__(**kwargs)
         self.num_loops = num_loops
         self.block = Block(**self._block_args(), drop_path=self.drop_path_rate)

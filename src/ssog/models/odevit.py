@@ -24,7 +24,7 @@ from timm.models._features import feature_take_indices
 from torchdiffeq import odeint, odeint_adjoint
 
 from ..layers import CenterNorm
-from ..layers.options import check_options
+from ..layers.options import check_integer, check_number
 from ._base import ViTBase
 from ._blocks import create_mixer, create_mlp
 from ._fixed_steps import FIXED_SOLVERS, Field, fixed_step
@@ -178,7 +178,8 @@ class OdeViT(ViTBase):
         weight_init: str = "jax",
         **kwargs: Any,
     ) -> None:
-        check_options(dict(nfe=nfe, default_nfe=default_nfe, rtol=rtol, atol=atol))  # before the base builds anything
+        check_integer("default_nfe", default_nfe, 1)  # before the base builds anything
+        _check_integration(nfe, rtol, atol)
         super().__init__(weight_init=weight_init, **kwargs)
         self.field_norm = field_norm
         self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
@@ -207,10 +208,10 @@ class OdeViT(ViTBase):
         ``None`` keeps the current setting; a fixed-step solver given without ``nfe`` keeps
         the current number of evaluations (``default_nfe`` when coming from an adaptive solver).
         Raises ``ValueError`` for an unknown solver, an ``nfe``, ``rtol`` or ``atol`` out of
-        its range (:data:`ssog.layers.options.OPTIONS`), an ``nfe`` that is not a multiple of
+        its range (:func:`_check_integration`), an ``nfe`` that is not a multiple of
         the solver's evaluations per step, or ``nfe`` with an adaptive solver.
         """
-        check_options(dict(nfe=nfe, rtol=rtol, atol=atol))
+        _check_integration(nfe, rtol, atol)
         solver = self.solver if solver is None else solver
         if solver in FIXED_SOLVERS:
             if nfe is None:
@@ -463,3 +464,11 @@ def ssog_odevit_digits_patch2_8(pretrained: bool = False, **kwargs: Any) -> OdeV
     """OdeViT with SSoG, CPU size: 8x8 single-channel digits, 2x2-pixel patches, average pooling."""
     model_args = dict(op="ssog", img_size=8, patch_size=2, embed_dim=64, num_heads=4, global_pool="avg", default_nfe=4)
     return build_registered(OdeViT, "ssog_odevit_digits_patch2_8", pretrained, **dict(model_args, **kwargs))
+
+
+def _check_integration(nfe: int | None, rtol: float | None, atol: float | None) -> None:
+    """``nfe`` an integer >= 1; adaptive solvers' tolerances finite, ``rtol > 0`` (it keeps the
+    step size from collapsing) and ``atol >= 0``; ``None`` keeps the setting."""
+    check_integer("nfe", nfe, 1)
+    check_number("rtol", rtol, 0, low_open=True, noun="tolerance")
+    check_number("atol", atol, 0, noun="tolerance")

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
-from ..layers.options import check_options
+from ..layers.options import check_integer
 from ..layers import CLASS_TOKEN_POOLING
 from ._base import ViTBase
 from ._blocks import Block
@@ -34,7 +34,7 @@ class ViT(ViTBase):
     family = "vit"
 
     def __init__(self, depth: int = 12, **kwargs: Any) -> None:
-        check_options({"depth": depth})  # before the base builds anything
+        check_integer("depth", depth, 1)  # before the base builds anything
         super().__init__(**kwargs)
         self.depth = depth
         if self.op == "ssog" and self.global_pool == "token":

@@ -1,15 +1,22 @@
-"""Weights into the families: the model entries of an ssog run checkpoint (the one definition
-of that format's prefix, which :mod:`ssog.train.checkpoint` writes: models cannot import
-ssog.train, which builds them), timm's ``pretrained_filter_fn`` for them, and position and
-patch embeddings resampled to another input or patch size."""
+"""Weights into a model: :func:`load_weights_into`, the one way ssog loads a state dict into a
+model (resuming a run, ``--init-from``, and the model of a checkpoint that ``ssog eval``,
+``ssog export`` and ``ssog analyze`` read), with its checks; the model entries of an ssog run
+checkpoint (the one definition of that format's prefix, which :mod:`ssog.train.checkpoint`
+writes: models cannot import ssog.train, which builds them), timm's ``pretrained_filter_fn``
+and ``load_state_dict`` pre-hook for them (timm's ``pretrained`` and ``checkpoint_path``), and
+position and patch embeddings resampled to another input or patch size."""
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from torch import Tensor, nn
 
-__all__ = ["CHECKPOINT_MODEL_PREFIX", "adapt_embeddings", "checkpoint_filter_fn", "load_run_checkpoint"]
+__all__ = [
+    "CHECKPOINT_MODEL_PREFIX", "adapt_embeddings", "check_finite_weights", "check_state_dict", "checkpoint_filter_fn",
+    "load_run_checkpoint", "load_weights_into",
+]
 
 #: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``):
 #: the checkpoint's ``"model"`` entry, its tensors' paths joined by ``/``.
@@ -62,3 +69,45 @@ def load_run_checkpoint(module: nn.Module, state_dict: dict[str, Tensor], prefix
         state_dict.clear()
         state_dict.update(weights)
     adapt_embeddings(state_dict, module)
+
+
+def load_weights_into(model: nn.Module, weights: dict[str, Tensor], source: str,
+                      allow_missing: tuple[str, ...] = ()) -> None:
+    """Load ``weights`` into ``model`` after checking them: finite (:func:`check_finite_weights`)
+    and exactly ``model``'s keys and shapes (:func:`check_state_dict`), keys starting with one
+    of ``allow_missing`` excepted (those keep ``model``'s values). ``source`` names the weights
+    in the one-line ValueError."""
+    check_finite_weights(weights, source)
+    check_state_dict(model, weights, source, allow_missing)
+    model.load_state_dict(weights, strict=not allow_missing)
+
+
+def check_finite_weights(weights: dict[str, Tensor], source: str) -> None:
+    """Raise ValueError naming the first floating-point tensor of ``weights`` with a NaN or inf."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{source} holds non-finite weights ({bad} NaN/inf values in {name}): the run "
+                             "that wrote it diverged; use an earlier checkpoint")
+
+
+def check_state_dict(model: nn.Module, state_dict: dict[str, Tensor], source: str,
+                     allow_missing: tuple[str, ...] = ()) -> None:
+    """Raise ValueError unless ``state_dict`` has exactly ``model``'s keys and shapes.
+
+    Keys starting with one of ``allow_missing`` may be absent from ``state_dict``.
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict and not k.startswith(allow_missing)]
+    unexpected = [k for k in state_dict if k not in expected]
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items() if k in state_dict and state_dict[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
+            if items:
+                shown = ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")
+                parts.append(f"{label}: {shown}")
+        raise ValueError(f"{source} does not match the model ({'; '.join(parts)})")

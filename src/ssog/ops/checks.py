@@ -3,7 +3,7 @@
 Each check raises ``ValueError`` with one line naming the argument, what it was and what was
 expected. :func:`ssog.ops.ssog_mix` and :func:`ssog.ops.ssog_matrix` run the operator checks on
 every call; the layers check their tokens on every call and their options once, at
-construction (against the option table of :mod:`ssog.layers.options`), and then call the
+construction (their ``check_options``, with :mod:`ssog.layers.options`), and then call the
 operator's unchecked entry, :func:`ssog.ops.functional.mix_unchecked` (their parameters have
 the right shapes by construction). Backend names are the registry's
 (:func:`ssog.ops.registry.check_backend`).

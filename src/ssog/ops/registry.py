@@ -68,12 +68,18 @@ class Backend:
 
 
 def pytorch_backend(
-    mix: Callable[[Tensor, Tensor, Tensor, Tensor, tuple[int, int], float], Tensor],
+    mix: Callable[..., Tensor], *, fixed_kernels: bool = False, tolerance: bool = True,
 ) -> MixFunction:
-    """A :data:`MixFunction` from ``mix(v, mu, sigma, weight, grid_size, local_tolerance)``
-    written in PyTorch ops: the parameters' values checked when asked, then converted to the
-    kernel dtype (fp32, fp64 for fp64; :func:`ssog.ops.kernels.in_kernel_precision`), and autocast
-    off, so kernels stay in fp32 and only the contractions run in the dtype of ``v``."""
+    """A :data:`MixFunction` from ``mix`` written in PyTorch ops: the parameters' values checked
+    when asked, then converted to the kernel dtype (fp32, fp64 for fp64;
+    :func:`ssog.ops.kernels.in_kernel_precision`), and autocast off, so kernels stay in fp32 and
+    only the contractions run in the dtype of ``v``.
+
+    ``mix`` takes ``(v, mu, sigma, weight, grid_size)``, or with ``fixed_kernels`` the 1-D
+    kernels ``(v, ky, kx)`` (:func:`ssog.ops.kernels.fixed_kernel_pair`: ``ky (H, R, Hg, Hg)``
+    with the mixture weights folded in, ``kx (H, R, Wg, Wg)``), then ``local_tolerance`` where
+    ``tolerance``. The backend's function is called from here directly: one wrapper between
+    :func:`ssog.ops.functional.mix_unchecked` and the arithmetic."""
 
     @functools.wraps(mix)
     def run(
@@ -89,7 +95,9 @@ def pytorch_backend(
             else contextlib.nullcontext()
         )
         with autocast_off:
-            mixed = mix(v, mu, sigma, weight, grid_size, local_tolerance)
+            args = (v, *fixed_kernel_pair(mu, sigma, weight, grid_size)) if fixed_kernels else \
+                (v, mu, sigma, weight, grid_size)
+            mixed = mix(*args, local_tolerance) if tolerance else mix(*args)
         return mixed if out is None else out.copy_(mixed)
 
     return run
@@ -105,28 +113,10 @@ def windowed_tiles(
 
 
 # ------------------------------------------------------------------------------ mixing
-def _with_fixed_kernels(apply: Callable[[Tensor, Tensor, Tensor, float], Tensor]) -> MixFunction:
-    """A backend of fixed kernels from ``apply(v, ky, kx, local_tolerance)``, which mixes with
-    the 1-D kernels ``ky (H, R, Hg, Hg)`` (mixture weights folded in) and ``kx (H, R, Wg, Wg)``."""
-
-    @pytorch_backend
-    def mix(
-        v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], local_tolerance: float
-    ) -> Tensor:
-        return apply(v, *fixed_kernel_pair(mu, sigma, weight, grid_size), local_tolerance)
-
-    return mix
-
-
 def _steered_rows(separable: bool) -> MixFunction:
     """Steered mixing in query chunks (:func:`ssog.ops.steered_backends.steered_mix`): each query's
     row of ``A``, or (``separable``) its x then y contractions."""
-
-    @pytorch_backend
-    def mix(v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], _: float) -> Tensor:
-        return steered_backends.steered_mix(v, mu, sigma, weight, grid_size, separable=separable)
-
-    return mix
+    return pytorch_backend(functools.partial(steered_backends.steered_mix, separable=separable), tolerance=False)
 
 
 def _local_fixed(v: Tensor, ky: Tensor, kx: Tensor, tolerance: float) -> Tensor:
@@ -143,7 +133,7 @@ def _local_steered(
     return steered_backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
 
 
-def _triton_fixed(v: Tensor, ky: Tensor, kx: Tensor, _: float) -> Tensor:
+def _triton_fixed(v: Tensor, ky: Tensor, kx: Tensor) -> Tensor:
     from .triton_separable import triton_separable  # imports Triton: only when asked for
 
     return triton_separable(v, ky, kx)
@@ -196,13 +186,14 @@ def _can_run_triton(
 BACKENDS: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Backend("dense", _with_fixed_kernels(lambda v, ky, kx, _: backends.fixed_dense(v, ky, kx)),
+        Backend("dense", pytorch_backend(backends.fixed_dense, fixed_kernels=True, tolerance=False),
                 _steered_rows(separable=False), _can_run_anywhere),
-        Backend("separable", _with_fixed_kernels(lambda v, ky, kx, _: backends.fixed_separable(v, ky, kx)),
+        Backend("separable", pytorch_backend(backends.fixed_separable, fixed_kernels=True, tolerance=False),
                 _steered_rows(separable=True), _can_run_anywhere),
-        Backend("local", _with_fixed_kernels(_local_fixed), _local_steered, _can_run_local),
+        Backend("local", pytorch_backend(_local_fixed, fixed_kernels=True), _local_steered, _can_run_local),
         Backend("cpp", _cpp_fixed, _cpp_steered, _can_run_cpp),
-        Backend("triton", _with_fixed_kernels(_triton_fixed), None, _can_run_triton),
+        Backend("triton", pytorch_backend(_triton_fixed, fixed_kernels=True, tolerance=False), None,
+                _can_run_triton),
     )
 }
 #: Every name ``backend=`` takes: ``auto`` (:func:`ssog.ops.choose_backend`) and the table's.

@@ -1,6 +1,7 @@
 """Training and evaluation: config and recipes, the DDP training engine, checkpoints, transfer."""
 from ssog.train.api import train
-from ssog.train.checkpoint import check_state_dict, checkpoint_path, load_checkpoint, save_checkpoint
+from ssog.models.weights import check_state_dict
+from ssog.train.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from ssog.train.config import TrainConfig, resolve_config
 from ssog.train.engine import Trainer
 from ssog.train.evaluation import evaluate_checkpoint

@@ -26,7 +26,7 @@ from ssog.models.weights import CHECKPOINT_MODEL_PREFIX
 
 __all__ = [
     "FORMAT", "MODEL_KEY", "SEPARATOR", "save_checkpoint", "save_checkpoints", "load_checkpoint",
-    "read_checkpoint_info", "check_state_dict", "check_stored_config", "checkpoint_path", "FILE_KEYS",
+    "read_checkpoint_info", "check_stored_config", "checkpoint_path", "FILE_KEYS",
 ]
 
 FORMAT = "ssog-checkpoint-v1"
@@ -245,25 +245,3 @@ def checkpoint_path(run_or_file: str | Path, name: str = "last") -> Path:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     return path
-
-
-def check_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str,
-                     allow_missing: tuple[str, ...] = ()) -> None:
-    """Raise ValueError unless ``state_dict`` has exactly ``model``'s keys and shapes.
-
-    Keys starting with one of ``allow_missing`` may be absent from ``state_dict``.
-    """
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state_dict and not k.startswith(allow_missing)]
-    unexpected = [k for k in state_dict if k not in expected]
-    shapes = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items() if k in state_dict and state_dict[k].shape != v.shape
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
-            if items:
-                shown = ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")
-                parts.append(f"{label}: {shown}")
-        raise ValueError(f"{source} does not match the model ({'; '.join(parts)})")

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import math
 import os
-import resource
 import shlex
 import statistics
 import time
@@ -32,6 +31,7 @@ import torch
 
 from ssog.data import build_datasets
 from ssog.data.info import stratified_split
+from ssog.measure import format_duration, peak_memory, timed
 from ssog.models import count_flops
 from ssog.runtime import autocast, is_out_of_memory, torch_settings
 from ssog.train.config import TrainConfig
@@ -54,11 +54,6 @@ def _known_source(cfg: TrainConfig) -> str | None:
         return cfg.dataset
     name = Path(cfg.data_dir).name.lower() if cfg.data_dir else None
     return name if name in KNOWN_SOURCES else None
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _build(cfg: TrainConfig, ctx: DistContext) -> tuple[Trainer, dict[str, Any]]:
@@ -128,13 +123,12 @@ def _time_loader(trainer: Trainer, micro_batches: int) -> tuple[list[tuple[torch
 
 def _step(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     """One optimizer step over ``micro`` (its micro-batches); seconds."""
-    _synchronize(trainer.ctx.device)
-    start = time.perf_counter()
-    for i, (images, targets) in enumerate(micro):
-        trainer.forward_backward(images, targets, sync=i == len(micro) - 1)
-    trainer.optimizer_step()
-    _synchronize(trainer.ctx.device)
-    return time.perf_counter() - start
+    def step() -> None:
+        for i, (images, targets) in enumerate(micro):
+            trainer.forward_backward(images, targets, sync=i == len(micro) - 1)
+        trainer.optimizer_step()
+
+    return timed(step, trainer.ctx.device)
 
 
 def _fitting_micro_batch(trainer: Trainer, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
@@ -154,11 +148,15 @@ def _fitting_micro_batch(trainer: Trainer, batch: tuple[torch.Tensor, torch.Tens
             size = max(smallest, size // 2)
 
 
-def _peak_memory(device: torch.device) -> tuple[int, str]:
-    """Bytes: the device's peak allocation on CUDA, else this process's peak resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "allocated on the GPU"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "resident, whole process"
+def _step_peak_memory(trainer: Trainer, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    """Peak bytes of one more optimizer step over ``micro``, as ``ssog bench --mode train``
+    counts them (:func:`ssog.measure.peak_memory`): the weights (the EMA's too), the optimizer
+    state and the step's own peak allocation."""
+    resident = [*trainer.model.state_dict().values(),
+                *(trainer.ema.module.state_dict().values() if trainer.ema is not None else ()),
+                *(value for state in trainer.optimizer.state.values() for value in state.values()
+                  if isinstance(value, torch.Tensor))]
+    return peak_memory(lambda: _step(trainer, micro), device=trainer.ctx.device, resident=resident)
 
 
 def _eval_seconds_per_image(trainer: Trainer) -> float:
@@ -168,12 +166,9 @@ def _eval_seconds_per_image(trainer: Trainer) -> float:
     trainer.model.eval()
     with torch.no_grad(), autocast(trainer.ctx.device, trainer.cfg.amp):
         trainer.model(images)  # warm-up
-        _synchronize(trainer.ctx.device)
-        start = time.perf_counter()
-        trainer.model(images)
-        _synchronize(trainer.ctx.device)
+        seconds = timed(lambda: trainer.model(images), trainer.ctx.device)
     trainer.model.train()
-    return (time.perf_counter() - start) / len(images)
+    return seconds / len(images)
 
 
 def _flops(trainer: Trainer) -> float | None:
@@ -221,8 +216,6 @@ def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -
         trainer, data = _build(cfg, ctx)
         accum = trainer.data.grad_accum_steps
         batches, loader_rate = _time_loader(trainer, accum * (steps + 1))
-        if ctx.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(ctx.device)
         fits = _fitting_micro_batch(trainer, batches[0])  # also the warm-up step
         micro = trainer.data.micro_batch
         needed = accum * math.ceil(micro / fits)
@@ -235,7 +228,7 @@ def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -
             split = [(i.tensor_split(chunks)[c], t.tensor_split(chunks)[c]) for i, t in step_batches
                      for c in range(chunks)]
             times.append(_step(trainer, split))
-        peak, peak_kind = _peak_memory(ctx.device)
+        peak = _step_peak_memory(trainer, split)
         eval_per_image = _eval_seconds_per_image(trainer)
         gflops = _flops(trainer)
         threads = torch.get_num_threads() if ctx.device.type == "cpu" else None
@@ -259,7 +252,7 @@ def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -
         "steps_timed": steps, "step_s": step_s, "step_s_range": (min(times), max(times)),
         "model_images_per_s": batch / step_s, "loader_images_per_s": loader_rate, "num_workers": cfg.num_workers,
         "bottleneck": "data loader" if loader_step_s > step_s else "model", "peak_memory_bytes": peak,
-        "peak_memory_kind": peak_kind, "eval_s_per_image": eval_per_image, "val_images": val_images,
+        "eval_s_per_image": eval_per_image, "val_images": val_images,
         "train_images": data["train_images"], "steps_per_epoch": steps_per_epoch, "epoch_s": epoch_s,
         "epochs": trainer.num_epochs, "schedule_s": epoch_s * trainer.num_epochs,
         "devices": devices, "nproc": nproc, "nnodes": nnodes, "global_batch": global_batch,
@@ -274,13 +267,6 @@ def torchrun_line(train_args: Sequence[str], nproc: int, nnodes: int) -> str:
     nodes = "--standalone" if nnodes == 1 else \
         f"--nnodes {nnodes} --rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29500 --rdzv-id RUN_NAME"
     return f"torchrun {nodes} --nproc-per-node {nproc} -m ssog train {shlex.join(train_args)}".rstrip()
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("days", 86_400), ("h", 3_600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.1f} s"
 
 
 def format_dry_run(report: dict[str, Any]) -> str:
@@ -303,7 +289,8 @@ def format_dry_run(report: dict[str, Any]) -> str:
         f"  data loader      {r['loader_images_per_s']:.1f} images/s alone ({r['num_workers']} workers"
         + (f", more than this machine's {r['workers_over_cpus']} CPUs: its rate, not the run's"
            if r["workers_over_cpus"] else "") + f"); the {r['bottleneck']} sets the pace",
-        f"  peak memory      {r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['peak_memory_kind']})",
+        f"  peak memory      {r['peak_memory_bytes'] / 2**30:.2f} GiB (weights, optimizer state and a step's "
+        "tensors)",
     ]
     if r["grad_accum_steps_needed"]:
         lines.append(f"  does not fit     a micro-batch of {r['micro_batch']} runs out of memory; "
@@ -311,9 +298,9 @@ def format_dry_run(report: dict[str, Any]) -> str:
                      f"--set grad_accum_steps={r['grad_accum_steps_needed']} (timed so)")
     lines += [
         f"  evaluation       {1000 * r['eval_s_per_image']:.3g} ms per image, {r['val_images']:,} images per epoch",
-        f"  per epoch        {_duration(r['epoch_s'])} ({r['steps_per_epoch']:,} steps of {r['train_images']:,} "
+        f"  per epoch        {format_duration(r['epoch_s'])} ({r['steps_per_epoch']:,} steps of {r['train_images']:,} "
         "training images, evaluation included)",
-        f"  whole schedule   {_duration(r['schedule_s'])} ({r['epochs']} epochs"
+        f"  whole schedule   {format_duration(r['schedule_s'])} ({r['epochs']} epochs"
         + (f", on each of {r['devices']} devices, the gradient all-reduce not included" if r["devices"] > 1 else "")
         + ")",
     ]

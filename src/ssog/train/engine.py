@@ -42,9 +42,10 @@ from torch.utils.data import Dataset
 
 from ssog.data import get_augmentation
 from ssog.files import FolderLock, WriteError, write_atomic
+from ssog.models.weights import load_weights_into
 from ssog.runtime import autocast, cpu_seconds, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
-from ssog.train.checkpoint import MODEL_KEY, check_state_dict, save_checkpoints
+from ssog.train.checkpoint import MODEL_KEY, save_checkpoints
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import (
     DistContext, PeerStopped, agreed_stop, all_reduce_sum, barrier, is_peer_failure, peer_stopped_message,
@@ -56,7 +57,7 @@ from ssog.train.stopping import (
     StopRequest, TrainingDiverged, TrainingInterrupted, TrainingOutOfMemory, diverged_message, interrupted_message,
     resumable_message,
 )
-from ssog.train.transfer import check_finite_weights, freeze_backbone, init_from_checkpoint
+from ssog.train.transfer import freeze_backbone, init_from_checkpoint
 
 __all__ = ["Trainer"]
 
@@ -242,13 +243,11 @@ class Trainer:
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        check_state_dict(self.model, state[MODEL_KEY], "the checkpoint")
-        check_finite_weights(state[MODEL_KEY], "the checkpoint")
-        self.model.load_state_dict(state[MODEL_KEY])
+        load_weights_into(self.model, state[MODEL_KEY], "the checkpoint")
         if self.ema is not None:
             if state.get("ema") is None:
                 raise ValueError("the checkpoint has no EMA weights but the config enables EMA")
-            self.ema.module.load_state_dict(state["ema"])
+            load_weights_into(self.ema.module, state["ema"], "the checkpoint's EMA")
         self.optimizer.load_state_dict(state["optimizer"])
         saved = state["config"]
         schedule_changed = any(saved.get(key) != getattr(self.cfg, key) for key in RESUME_CHANGES)

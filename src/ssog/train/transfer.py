@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +10,14 @@ import torch
 from timm.models import load_state_dict as timm_load_state_dict
 
 from ssog.conversion import convert_state_dict
-from ssog.files import new_file_mode, temporary_path
 from ssog.layers import ssog_mixers
-from ssog.models.weights import adapt_embeddings
-from ssog.train.checkpoint import FORMAT, MODEL_KEY, check_state_dict, checkpoint_path, load_checkpoint
+from ssog.models.weights import adapt_embeddings, load_weights_into
+from ssog.train.checkpoint import FORMAT, MODEL_KEY, checkpoint_path, load_checkpoint
 from ssog.train.config import TIMM_INIT_PREFIX
 
 __all__ = [
-    "load_weights", "check_finite_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
-    "set_input_size", "model_from_checkpoint", "move_to_input_size", "save_for_hf", "save_run_for_hf",
+    "load_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
+    "set_input_size", "model_from_checkpoint", "move_to_input_size",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,17 +61,7 @@ def load_weights(path: str | Path, ema: bool = False) -> tuple[dict[str, torch.T
             weights, config = timm_load_state_dict(str(path)), None
         except Exception as error:
             raise ValueError(f"cannot read weights from {path}: {error}") from error
-    check_finite_weights(weights, f"checkpoint {path}")
     return weights, config
-
-
-def check_finite_weights(weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ValueError naming the first floating-point tensor of ``weights`` with a NaN or inf."""
-    for name, tensor in weights.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise ValueError(f"{source} holds non-finite weights ({bad} NaN/inf values in {name}): the run "
-                             "that wrote it diverged; use an earlier checkpoint")
 
 
 def classifier_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
@@ -110,8 +97,7 @@ def init_from_checkpoint(model: torch.nn.Module, path: str | Path, keep_head: bo
         logger.info(note)
     target = model.state_dict()
     new = tuple(k for k in target if k not in state and any(m in k for m in STEERING_MARKERS))
-    check_state_dict(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
-    model.load_state_dict(state, strict=False)
+    load_weights_into(model, state, f"--init-from {path}", allow_missing=heads + new + kernels)
     notes = ["head loaded" if keep_head else f"new head {', '.join(h.rstrip('.') for h in heads)}"]
     if kernels:
         notes.append(f"attention converted to SSoG ({len(kernels)} kernel tensors at their initialisation)")
@@ -213,8 +199,7 @@ def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Modul
     else:  # a model without a patch embedding (a CNN): any input size, the channels of its first convolution
         in_chans = next(tensor for tensor in weights.values() if tensor.ndim == 4).shape[1]
         model = build_model(cfg, len(classes), in_chans, cfg.img_size or 224)
-    check_state_dict(model, weights, f"checkpoint {path}")
-    model.load_state_dict(weights)
+    load_weights_into(model, weights, f"checkpoint {path}")
     # The data config the run trained with (older checkpoints: resolved from their config).
     apply_data_config(model, stored.get("data_config") or run_data_config(cfg, in_chans), classes)
     return model
@@ -224,60 +209,3 @@ def _architecture_init(init_from: str | None) -> str | None:
     """What of a run's ``init_from`` rebuilding its model needs: a ``timm:NAME`` start is the
     architecture (a converted timm model); a checkpoint start only gave initial weights."""
     return init_from if init_from and init_from.startswith(TIMM_INIT_PREFIX) else None
-
-
-#: What ``timm.models.save_for_hf`` writes (timm's Hugging Face layout).
-HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
-
-
-def save_for_hf(model: torch.nn.Module, directory: str | Path, readme: str | None = None) -> Path:
-    """Write ``model`` in timm's Hugging Face layout (``config.json`` with its architecture,
-    arguments, data config and class names; ``model.safetensors``; ``README.md``: ``readme``,
-    its model card, :func:`ssog.export.model_card`) to the new or empty folder
-    ``directory``, through ``timm.models.save_for_hf``, so that
-    ``timm.create_model("local-dir:DIR", pretrained=True)`` (or ``hf-hub:USER/REPO`` once
-    uploaded) rebuilds it. The files are written to a temporary folder beside it and moved
-    there at once; a folder that already holds a model is refused."""
-    from timm.models import save_for_hf as timm_save_for_hf
-
-    # A link to an (empty) folder is written through, into its target; ``a/../b`` is ``b``,
-    # so no ``a/`` is created on the way (both as the user reads the path).
-    directory = Path(directory).resolve() if Path(directory).is_symlink() else Path(os.path.normpath(directory))
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        held = next((name for name in HF_FILES if (directory / name).exists()), None)
-        what = f"already holds a model ({held})" if held else "is not an empty folder"
-        raise ValueError(f"--output {directory} {what}; choose a new folder")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    labels = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
-    tmp = temporary_path(directory)
-    tmp.mkdir()  # the permissions of a new folder (tempfile.mkdtemp's are 0o700: not shareable)
-    try:
-        timm_save_for_hf(model, str(tmp), model_config={"label_names": labels} if labels else None,
-                         safe_serialization=True)
-        if readme is not None:
-            (tmp / "README.md").write_text(readme, encoding="utf-8")
-        for file in tmp.iterdir():  # safetensors writes 0600: give every file what the umask allows
-            os.chmod(file, new_file_mode())
-        os.replace(tmp, directory)  # replaces an empty folder too
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
-
-
-def save_run_for_hf(
-    checkpoint: str | Path, directory: str | Path, ema: bool = False, hub_id: str | None = None,
-) -> Path:
-    """A run's trained model (a run folder: its ``best``; ``ema``: its EMA weights) in timm's
-    Hugging Face layout (:func:`save_for_hf`), with the run's data config and class names, and
-    its model card (:func:`ssog.export.model_card`: the run's metrics; ``hub_id``, ``USER/REPO``,
-    the name it loads by from the hub)."""
-    path = checkpoint_path(checkpoint, "best")
-    config = load_checkpoint(path, only=("config",)).get("config") or {}
-    if (config.get("init_from") or "").startswith(TIMM_INIT_PREFIX):
-        raise ValueError(f"{path} is a timm model converted to SSoG ({config['init_from']}); timm's layout names "
-                         "an architecture timm can rebuild, which a conversion is not: use ssog.convert on it")
-    from ssog.export import model_card
-
-    model = model_from_checkpoint(path, ema=ema)
-    return save_for_hf(model, directory, readme=model_card(model, path, ema=ema, hub_id=hub_id))

@@ -1,8 +1,15 @@
-"""Peak allocated memory of a callable, on CUDA and on CPU, and out-of-memory detection.
+"""Measuring work on a device: its wall time, its peak memory, and durations as a person reads
+them. Shared by the benchmarks (:mod:`ssog.bench`) and ``ssog train --dry-run``
+(:mod:`ssog.train.dry_run`), which report the same quantities.
 
-Both devices report the same quantity: the bytes of the tensors that are already resident
-when the call starts and that the caller names (model parameters and buffers, inputs),
-plus the highest number of bytes the call itself had allocated at any moment.
+Time: :func:`timed` is the wall time of one call with the device's queued work included
+(:func:`synchronize` before and after). :func:`format_duration` writes seconds as ``"42 s"``,
+``"7.5 min"``, ``"2.1 h"``, ``"1.5 days"``.
+
+Peak memory: :func:`peak_memory` is, on both devices, the bytes of the tensors that are
+already resident when the call starts and that the caller names (model parameters and
+buffers, optimizer state, inputs), plus the highest number of bytes the call itself had
+allocated at any moment.
 
 - CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus what
   was allocated when the call started (the caching allocator's *allocated* bytes, not its
@@ -18,14 +25,36 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from ssog.runtime import is_out_of_memory
+__all__ = ["format_duration", "peak_memory", "synchronize", "tensor_bytes", "timed"]
 
-__all__ = ["is_out_of_memory", "peak_memory", "tensor_bytes"]
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all work queued on ``device`` (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds ``fn()`` takes on ``device``, the work it queued there included."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` for a person: ``"42 s"``, ``"7.5 min"``, ``"2.1 h"``, ``"1.5 days"``."""
+    for unit, size in (("days", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
