@@ -140,4 +140,3 @@ def check_kernel_reach(ssog_options: Mapping[str, Any], grid: tuple[int, int], k
                 f"(kernel_units={units!r}: {_format(limit)} is the extent of this model's {rows}x{cols} token grid; "
                 "a longer offset places every kernel outside the image)"
             )
-
