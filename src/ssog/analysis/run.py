@@ -17,7 +17,7 @@ from ..runtime import check_plotting
 from .field import field_branches
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
-from .loading import AnalysisModel, data_name, image_batches, iter_models
+from .loading import AnalysisModel, data_name, image_batches, iter_models, source_folder
 from .report import TABLE_ROWS, csv_table, markdown_table
 from .sinks import sink_diagnostics
 
@@ -75,7 +75,7 @@ def _for_each_model(
 
 def _identity(loaded: AnalysisModel, data: str | None) -> dict[str, Any]:
     """The model's identity, its figure label (name and run folder, or "random") and the data it is analysed on."""
-    label = f"{loaded.name} ({'random' if loaded.config is None else Path(loaded.source).parent.name})"
+    label = f"{loaded.name} ({source_folder(loaded.source) or 'random'})"
     return {**loaded.describe(), "label": label, "data": data_name(loaded, data)}
 
 

@@ -21,7 +21,9 @@ def _positive_float(text: str) -> float:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
-                        help="a checkpoint written by ssog train, or its run folder (its best); repeatable")
+                        help="a checkpoint written by ssog train, or its run folder (its best), or a released "
+                             "model (a folder with config.json and model.safetensors, local-dir:FOLDER, "
+                             "hf-hub:USER/REPO); repeatable")
     parser.add_argument("--model", action="append", default=[], metavar="NAME",
                         help="a registered model, randomly initialised; repeatable")
     parser.add_argument("--ema", action="store_true", help="use the checkpoints' EMA weights")
