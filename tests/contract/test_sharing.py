@@ -245,10 +245,41 @@ def test_a_released_folder_is_analysed_as_its_run(folder_run, tmp_path, capsys):
     assert json.loads((tmp_path / "sinks" / "sinks.json").read_text())[0]["data"] == "noise"
 
 
+def test_a_released_folder_is_analysed_on_the_images_its_run_held_out(folder_run, tmp_path, capsys):
+    from ssog.analysis import image_batches, load_model
+
+    run, released, data = folder_run
+    own = torch.cat(list(image_batches(load_model(checkpoint=run), num_images=6)))
+    release = load_model(checkpoint=released)
+    folder = dict(data_dir=str(data), val_split=6, num_images=6)
+    assert torch.equal(torch.cat(list(image_batches(release, "imagefolder", split_seed=3, **folder))), own)
+    assert not torch.equal(torch.cat(list(image_batches(release, "imagefolder", split_seed=4, **folder))), own)
+    # the command line passes them on: DATA has no val/ folder, so without --val-split there is nothing to read
+    assert main(["analyze", "lipschitz", "--checkpoint", str(released), "--data", "imagefolder", "--data-dir",
+                 str(data), "--val-split", "6", "--split-seed", "3", "--num-images", "6", "--scales", "1",
+                 "--iters", "3", "--device", "cpu", "--output", str(tmp_path / "lipschitz")]) == 0
+    row = json.loads((tmp_path / "lipschitz" / "lipschitz.json").read_text())[0]
+    assert (row["data"], row["points"], row["label"]) == ("imagefolder", 6, f"{MODEL} (released)")
+    # a data folder named without a data set is not quietly replaced by noise
+    assert main(["analyze", "sinks", "--checkpoint", str(released), "--data-dir", str(data), "--device", "cpu",
+                 "--output", str(tmp_path / "noise")]) == 2
+    assert "data_dir say which images of a data set to read" in capsys.readouterr().err
+
+
 def test_a_released_folder_is_no_run_to_export_again(folder_run, tmp_path, capsys):
     _, released, _ = folder_run
     assert main(["export", "--format", "hf", "--checkpoint", str(released), "--output", str(tmp_path / "x")]) == 2
     assert "is a released model already" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_the_files_of_a_release_being_read_are_never_written(name, folder_run, capsys):
+    _, released, data = folder_run
+    before = (released / name).read_bytes()
+    for command in (["eval", "--data-dir", str(data), "--device", "cpu"], ["export"]):
+        assert main([*command, "--checkpoint", str(released), "--output", str(released / name), "--overwrite"]) == 2
+        assert "is the file this command reads" in capsys.readouterr().err
+    assert (released / name).read_bytes() == before
 
 
 def test_model_card_of_untrained_weights_says_so():

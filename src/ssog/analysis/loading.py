@@ -134,12 +134,16 @@ def image_batches(
     num_images: int = 512,
     batch_size: int = 64,
     seed: int = 0,
+    val_split: float | int | str | None = None,
+    split_seed: int | None = None,
 ) -> Iterator[Tensor]:
     """Batches ``(B, C, H, W)`` of the first ``num_images`` validation images, at the model's size.
 
     ``data``: a data source of :data:`ssog.data.DATASETS` (its validation split, evaluation
     transform), ``"noise"`` (standard-normal images, seeded), or ``None``: the checkpoint's
-    own data set (with its data folder and validation split), noise for a random model.
+    own data set (with its data folder and validation split), noise for a random or released
+    model. ``val_split`` and ``split_seed`` (as ``ssog train`` takes them) say which images are
+    the validation split, over the checkpoint's own: those a run held out of the training set.
     A data set with fewer images yields all of them.
     """
     if num_images < 1 or batch_size < 1:
@@ -150,6 +154,11 @@ def image_batches(
     img_size = tuple(model.patch_embed.img_size)
     config = loaded.config or {}
     data = data_name(loaded, data)
+    named = [name for name, value in (("data_dir", data_dir), ("val_split", val_split), ("split_seed", split_seed))
+             if value is not None]
+    if data == NOISE and named:
+        raise ValueError(f"{', '.join(named)} say which images of a data set to read, but {loaded.name} is analysed on "
+                         "noise: name the data set with --data (data)")
     if data == NOISE:
         generator = torch.Generator().manual_seed(seed)
         for start in range(0, num_images, batch_size):
@@ -168,6 +177,8 @@ def image_batches(
         options = {k: config[k] for k in ("val_split", "split_seed", "synthetic_size", "synthetic_classes")
                    if k in config}
         data_dir = data_dir or config.get("data_dir")
+    options.update({key: value for key, value in (("val_split", val_split), ("split_seed", split_seed))
+                    if value is not None})
     _, val, info = build_datasets(data, data_dir, synthetic_img_size=img_size[0], **options)
     if info.in_chans != in_chans:
         raise ValueError(
