@@ -272,6 +272,14 @@ def test_a_released_folder_is_no_run_to_export_again(folder_run, tmp_path, capsy
     assert "is a released model already" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+def test_a_released_folder_exports_to_onnx(folder_run, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    _, released, _ = folder_run
+    assert main(["export", "--checkpoint", str(released), "--output", str(tmp_path / "model.onnx"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["source"] == str(released) and result["max_abs_diff"] <= 1e-4
+
+
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
 def test_the_files_of_a_release_being_read_are_never_written(name, folder_run, capsys):
     _, released, data = folder_run
