@@ -361,9 +361,11 @@ def _body(readme: str) -> str:
 
 def training_recipe(checkpoint: str | Path) -> dict[str, str] | None:
     """The training recipe of the run that wrote ``checkpoint`` (a run folder: its ``best``),
-    from the config stored in it, as timm's cards summarise theirs: data, epochs, batch,
-    optimizer and learning rate, schedule, augmentation and regularisation, EMA, precision;
-    None for a file without a run's config (plain weights)."""
+    from the config stored in it, as timm's cards summarise theirs: data and its validation
+    split, epochs, batch, optimizer and learning rate, schedule, augmentation and
+    regularisation, EMA, precision, and the ``ssog eval`` command that evaluates the released
+    folder on the run's validation images (where its flags can name them); None for a file
+    without a run's config (plain weights)."""
     from .train.checkpoint import checkpoint_path, read_checkpoint_info
 
     try:
@@ -382,9 +384,10 @@ def training_recipe(checkpoint: str | Path) -> dict[str, str] | None:
         ("RandAugment/AutoAugment", "auto_augment"), ("random erasing", "re_prob"), ("crop scale", "scale"),
         ("flip", "hflip"), ("colour jitter", "color_jitter")) if get(key) is not None]
     mixes = [f"{name} {get(key)}" for name, key in (("mixup", "mixup"), ("cutmix", "cutmix")) if get(key) is not None]
-    return {
+    recipe = {
         # the data folder by its name: the card is published, the trainer's machine path is not
         "Data": f"{get('dataset')}{size}" + (f" (folder {Path(get('data_dir')).name})" if get("data_dir") else ""),
+        "Validation": _validation_split(config),
         "Epochs": f"{get('epochs')}{cooldown}" + (f", stopped at step {get('max_steps')}" if get("max_steps") else ""),
         "Batch size": f"{get('batch_size')}{accum}",
         "Optimizer": f"{get('opt')}, lr {get('lr'):g}, weight decay {get('weight_decay'):g}{layer_decay}{clip}",
@@ -396,6 +399,53 @@ def training_recipe(checkpoint: str | Path) -> dict[str, str] | None:
         "Precision": {"none": "float32"}.get(get("amp"), get("amp")),
         "Seed": str(get("seed")),
     }
+    command = _eval_command(config)
+    if command:
+        recipe["Evaluation"] = command
+    return recipe
+
+
+def _validation_split(config: dict[str, Any]) -> str:
+    """The images a run validated on, in words: those its ``val_split`` held out of the training
+    data (stratified, seeded by ``split_seed``), the split or folder it names, or the source's own."""
+    val_split, dataset = config.get("val_split"), config.get("dataset")
+    where = "folder" if dataset == "imagefolder" else "set"
+    if isinstance(val_split, str):
+        return f"the {val_split}/ folder" if dataset == "imagefolder" else f"the {val_split!r} split"
+    if isinstance(val_split, int):
+        held = f"{val_split:,} images"
+    elif isinstance(val_split, float):
+        held = f"a fraction {val_split:g}"
+    else:
+        return _OWN_VALIDATION.get(str(dataset), "the data set's own validation split")
+    return f"{held} held out of the training {where} (stratified), split_seed {config.get('split_seed', 0)}"
+
+
+#: The validation images of a source used without ``val_split``.
+_OWN_VALIDATION = {"imagefolder": "the val/ (or validation/) folder", "cifar10": "the test set",
+                   "cifar100": "the test set"}
+
+
+def _eval_command(config: dict[str, Any]) -> str | None:
+    """The ``ssog eval`` command that evaluates the released folder on the run's validation
+    images, DATA_DIR standing for the data folder; None where its flags cannot name that data
+    (data given in Python, generated data of the run's own size, a timm source's options or
+    training split)."""
+    dataset, val_split, seed = config.get("dataset"), config.get("val_split"), config.get("split_seed", 0)
+    if dataset in ("custom", "synthetic") or config.get("dataset_kwargs") \
+            or config.get("train_split", "train") != "train":
+        return None
+    flags = ["--checkpoint FOLDER", f"--dataset {dataset}"]
+    if config.get("data_dir"):
+        flags.append("--data-dir DATA_DIR")
+    if val_split is not None:
+        flags.append(f"--val-split {val_split}")
+    if seed or (val_split is not None and not isinstance(val_split, str)):  # a seeded split (digits: always)
+        flags.append(f"--split-seed {seed}")
+    placeholders = "FOLDER: this folder" + (
+        f"; DATA_DIR: the data folder{' (the one with train/)' if dataset == 'imagefolder' else ''}"
+        if config.get("data_dir") else "")
+    return f"`ssog eval {' '.join(flags)}` ({placeholders}) gives the metrics above"
 
 
 def _model_stats(model: nn.Module) -> dict[str, str]:
@@ -516,8 +566,11 @@ def save_run_for_hf(
     the name it loads by from the hub)."""
     from .train.checkpoint import checkpoint_path, load_checkpoint
     from .train.config import TIMM_INIT_PREFIX
-    from .train.transfer import model_from_checkpoint
+    from .train.transfer import model_from_checkpoint, model_source
 
+    if isinstance(model_source(checkpoint), str):
+        raise ValueError(f"{checkpoint} is a released model already (timm's hub layout): copy the folder to publish "
+                         "it; --format hf writes a run's checkpoint in that layout")
     path = checkpoint_path(checkpoint, "best")
     config = load_checkpoint(path, only=("config",)).get("config") or {}
     if (config.get("init_from") or "").startswith(TIMM_INIT_PREFIX):

@@ -1,6 +1,6 @@
 """Weights the timm way: timm's Hugging Face layout (ssog export --format hf) with its model
-card, local-dir: loading with pretrained=True, checkpoint_path at another image size,
-dynamic_img_size."""
+card, local-dir: loading with pretrained=True, a released folder evaluated and analysed by
+ssog's own commands, checkpoint_path at another image size, dynamic_img_size."""
 import json
 import os
 import re
@@ -13,10 +13,11 @@ import yaml
 from timm.layers import resample_abs_pos_embed
 
 import ssog  # noqa: F401  (registers the models)
+from support import image_tree
 from ssog.cli import main
 from ssog.export import LIBRARY_TITLE, model_card, training_recipe
 from ssog.models import count_flops
-from ssog.train import load_checkpoint, train
+from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train.transfer import model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,8 +105,10 @@ def test_export_hf_writes_a_model_card_with_the_runs_metrics(run, tmp_path):
     for line in ("Data: synthetic, 8 px", "Epochs: 1", "Batch size: 16",
                  "Optimizer: adamw, lr 0.003, weight decay 0.05, gradient clipping 1.0",
                  "Schedule: cosine, 1 warmup epochs from 1e-05, min lr 1e-05", "Augmentation: level none",
-                 "Regularisation: label smoothing 0.1, drop path 0.0", "EMA: none", "Precision: float32", "Seed: 0"):
+                 "Regularisation: label smoothing 0.1, drop path 0.0", "EMA: none", "Precision: float32", "Seed: 0",
+                 "Validation: the data set's own validation split"):
         assert f"  - {line}\n" in body, line
+    assert "Evaluation:" not in body  # generated data of the run's own size: no ssog eval flag names it
     assert 'timm.create_model("hf-hub:someone/tiny-ssog", pretrained=True)' in body and "local-dir:" in body
     # the citations: the paper as CITATION.cff gives it, and this library
     paper = yaml.safe_load((ROOT / "CITATION.cff").read_text())["preferred-citation"]
@@ -118,6 +121,173 @@ def test_export_hf_writes_a_model_card_with_the_runs_metrics(run, tmp_path):
     assert pretrained_cfg["origin_url"] == paper["url"] and pretrained_cfg["paper_name"] == paper["title"]
     loaded = timm.create_model(f"local-dir:{out}", pretrained=True)
     assert loaded.pretrained_cfg["paper_ids"] == "arXiv:2611.08236"
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory, tiny_config):
+    """A run trained on an ImageFolder (3 classes of 8 images in DATA/train, 6 of them held out
+    by val_split, split_seed 3), and its export in timm's hub layout: ``(run, released, data)``."""
+    root = tmp_path_factory.mktemp("folder_share")
+    data = root / "data"
+    image_tree(data / "train", splits=("",), classes=("cat", "dog", "fox"), per_class=8, size=8)
+    run = root / "run"
+    train(tiny_config(run, dataset="imagefolder", data_dir=str(data), val_split=6, split_seed=3, batch_size=6,
+                      epochs=1, mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.25]))
+    assert main(["export", "--format", "hf", "--checkpoint", str(run), "--output", str(root / "released")]) == 0
+    return run, root / "released", data
+
+
+def _eval_json(capsys, *args: str) -> dict:
+    assert main(["eval", *args, "--json", "--device", "cpu"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_released_folder_evaluates_as_its_run_on_the_same_held_out_images(folder_run, capsys):
+    run, released, data = folder_run
+    by_run = _eval_json(capsys, "--checkpoint", str(run), "--batch-size", "4", "--per-class")
+    split = ["--dataset", "imagefolder", "--data-dir", str(data), "--val-split", "6", "--split-seed", "3"]
+    by_release = _eval_json(capsys, "--checkpoint", str(released), *split, "--batch-size", "4", "--per-class")
+    assert by_run["samples"] == by_release["samples"] == 6
+    assert by_release["per_class"] == by_run["per_class"]  # the same images of each class
+    assert by_release["acc1"] == by_run["acc1"] and by_release["acc5"] == by_run["acc5"]
+    assert by_release["loss"] == pytest.approx(by_run["loss"], rel=1e-6)
+    assert by_release["model"] == MODEL and by_release["img_size"] == 8
+    # timm's name of the folder reads the same model
+    again = evaluate_checkpoint(f"local-dir:{released}", data=dict(dataset="imagefolder", data_dir=str(data),
+                                val_split=6, split_seed=3), batch_size=4, device="cpu", progress=False)
+    assert again["loss"] == pytest.approx(by_run["loss"], rel=1e-6)
+    # another split seed holds out other images: the flags reach the run's splitter
+    other = _eval_json(capsys, "--checkpoint", str(released), *split[:-1], "4", "--batch-size", "4")
+    assert other["samples"] == 6 and other["loss"] != pytest.approx(by_run["loss"], rel=1e-6)
+    # without --val-split the folder is evaluated whole, as for a run: DATA/train has no val/ beside it
+    assert main(["eval", "--checkpoint", str(released), "--data-dir", str(data / "train"), "--device", "cpu"]) == 0
+    assert "(24 images, 8px" in capsys.readouterr().out
+
+
+def test_the_card_names_the_held_out_images_and_the_command_that_scores_them(folder_run, capsys):
+    run, released, data = folder_run
+    _, body = _front_matter_and_body((released / "README.md").read_text())
+    assert "  - Validation: 6 images held out of the training folder (stratified), split_seed 3\n" in body
+    command = re.search(r"  - Evaluation: `(ssog eval [^`]*)` \(FOLDER: this folder; DATA_DIR: the data folder "
+                        r"\(the one with train/\)\) gives the metrics above\n", body).group(1)
+    assert command == ("ssog eval --checkpoint FOLDER --dataset imagefolder --data-dir DATA_DIR --val-split 6 "
+                       "--split-seed 3")
+    args = command.replace("FOLDER", str(released)).replace("DATA_DIR", str(data)).split()[2:]
+    result = _eval_json(capsys, *args)
+    summary = json.loads((run / "summary.json").read_text())  # the card's metrics
+    assert f"Acc@1 {summary['best_acc1']:.2f} at epoch" in body
+    assert result["acc1"] == pytest.approx(summary["best_acc1"]) and result["samples"] == 6
+
+
+def test_a_released_folder_needs_its_data_named_in_one_line(folder_run, tmp_path, capsys):
+    _, released, data = folder_run
+    assert main(["eval", "--checkpoint", str(released), "--device", "cpu"]) == 2
+    printed = capsys.readouterr().err
+    error = printed.strip().splitlines()[-1]  # after the tiny model's own warning
+    assert "is a released model" in error and "--dataset" in error and "--data-dir" in error
+    assert "--val-split" in error and "Traceback" not in printed
+    assert main(["eval", "--checkpoint", str(released), "--ema", "--data-dir", str(data), "--device", "cpu"]) == 2
+    assert "no separate EMA weights; leave out --ema" in capsys.readouterr().err
+    other = image_tree(tmp_path / "pets", splits=("",), classes=("cat", "dog", "emu"), size=8)
+    assert main(["eval", "--checkpoint", str(released), "--data-dir", str(other), "--device", "cpu"]) == 2
+    assert "not the classes the run of local-dir:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("files, held", [((), "it holds neither"), (("config.json",), "holds config.json only"),
+                                         (("model.safetensors",), "holds model.safetensors only")])
+def test_a_folder_that_is_neither_a_run_nor_a_release_is_one_line(files, held, folder_run, tmp_path, capsys):
+    _, released, _ = folder_run
+    folder = tmp_path / "neither"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_bytes((released / name).read_bytes())
+    for command in (["eval", "--checkpoint", str(folder)], ["analyze", "kernels", "--checkpoint", str(folder)]):
+        assert main([*command, "--device", "cpu"]) == 2
+        error = capsys.readouterr().err
+        assert f"{folder} is neither a run folder of ssog train" in error and held in error, error
+        assert "timm's hub layout (config.json and model.safetensors" in error and "Traceback" not in error
+
+
+def test_released_weights_are_checked_as_a_runs_are(folder_run, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    _, released, data = folder_run
+    diverged, reshaped = tmp_path / "diverged", tmp_path / "reshaped"
+    for copy in (diverged, reshaped):
+        copy.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (copy / name).write_bytes((released / name).read_bytes())
+    weights = load_file(diverged / "model.safetensors")
+    weights["head.bias"][1] = float("nan")
+    save_file(weights, diverged / "model.safetensors")
+    config = json.loads((reshaped / "config.json").read_text())
+    config["model_args"]["embed_dim"] = 32  # weights of width 16
+    (reshaped / "config.json").write_text(json.dumps(config))
+    for copy, message in ((diverged, "holds non-finite weights (1 NaN/inf values in head.bias)"),
+                          (reshaped, "cannot build the released model local-dir:")):
+        assert main(["eval", "--checkpoint", str(copy), "--data-dir", str(data), "--device", "cpu"]) == 2
+        printed = capsys.readouterr().err
+        assert message in printed.strip().splitlines()[-1] and "Traceback" not in printed
+
+
+def test_a_released_folder_is_analysed_as_its_run(folder_run, tmp_path, capsys):
+    run, released, _ = folder_run
+    rows = {}
+    for name, source in (("run", run), ("released", released)):
+        assert main(["analyze", "kernels", "--checkpoint", str(source), "--device", "cpu",
+                     "--output", str(tmp_path / name)]) == 0
+        rows[name] = json.loads((tmp_path / name / "kernels.json").read_text())[0]
+        assert f"{MODEL} ({name})" in capsys.readouterr().out  # the row names the folder
+    assert rows["released"]["kernels"] == rows["run"]["kernels"] and rows["released"]["model"] == MODEL
+    assert rows["released"]["source"] == f"local-dir:{released}"
+    assert main(["analyze", "sinks", "--checkpoint", str(released), "--num-images", "4", "--device", "cpu",
+                 "--output", str(tmp_path / "sinks")]) == 0
+    assert json.loads((tmp_path / "sinks" / "sinks.json").read_text())[0]["data"] == "noise"
+
+
+def test_a_released_folder_is_analysed_on_the_images_its_run_held_out(folder_run, tmp_path, capsys):
+    from ssog.analysis import image_batches, load_model
+
+    run, released, data = folder_run
+    own = torch.cat(list(image_batches(load_model(checkpoint=run), num_images=6)))
+    release = load_model(checkpoint=released)
+    folder = dict(data_dir=str(data), val_split=6, num_images=6)
+    assert torch.equal(torch.cat(list(image_batches(release, "imagefolder", split_seed=3, **folder))), own)
+    assert not torch.equal(torch.cat(list(image_batches(release, "imagefolder", split_seed=4, **folder))), own)
+    # the command line passes them on: DATA has no val/ folder, so without --val-split there is nothing to read
+    assert main(["analyze", "lipschitz", "--checkpoint", str(released), "--data", "imagefolder", "--data-dir",
+                 str(data), "--val-split", "6", "--split-seed", "3", "--num-images", "6", "--scales", "1",
+                 "--iters", "3", "--device", "cpu", "--output", str(tmp_path / "lipschitz")]) == 0
+    row = json.loads((tmp_path / "lipschitz" / "lipschitz.json").read_text())[0]
+    assert (row["data"], row["points"], row["label"]) == ("imagefolder", 6, f"{MODEL} (released)")
+    # a data folder named without a data set is not quietly replaced by noise
+    assert main(["analyze", "sinks", "--checkpoint", str(released), "--data-dir", str(data), "--device", "cpu",
+                 "--output", str(tmp_path / "noise")]) == 2
+    assert "data_dir say which images of a data set to read" in capsys.readouterr().err
+
+
+def test_a_released_folder_is_no_run_to_export_again(folder_run, tmp_path, capsys):
+    _, released, _ = folder_run
+    assert main(["export", "--format", "hf", "--checkpoint", str(released), "--output", str(tmp_path / "x")]) == 2
+    assert "is a released model already" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_a_released_folder_exports_to_onnx(folder_run, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    _, released, _ = folder_run
+    assert main(["export", "--checkpoint", str(released), "--output", str(tmp_path / "model.onnx"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["source"] == str(released) and result["max_abs_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_the_files_of_a_release_being_read_are_never_written(name, folder_run, capsys):
+    _, released, data = folder_run
+    before = (released / name).read_bytes()
+    for command in (["eval", "--data-dir", str(data), "--device", "cpu"], ["export"]):
+        assert main([*command, "--checkpoint", str(released), "--output", str(released / name), "--overwrite"]) == 2
+        assert "is the file this command reads" in capsys.readouterr().err
+    assert (released / name).read_bytes() == before
 
 
 def test_model_card_of_untrained_weights_says_so():

@@ -43,6 +43,18 @@ def test_the_run_own_data_still_uses_its_val_split(imagefolder_run):
     assert evaluate_checkpoint(imagefolder_run, progress=False, device="cpu")["samples"] == 2
 
 
+def test_a_val_split_given_with_the_folder_holds_out_the_runs_images_again(tmp_path, imagefolder_run):
+    """A copy of the run's data folder with --val-split reads as the run read it: the same held-out images."""
+    own = evaluate_checkpoint(imagefolder_run, progress=False, device="cpu", per_class=True)
+    copy = image_tree(tmp_path / "copy" / "train", splits=("",), size=8, per_class=4).parent
+    again = evaluate_checkpoint(imagefolder_run, data={"data_dir": str(copy), "val_split": 2}, progress=False,
+                                device="cpu", per_class=True)
+    assert again["samples"] == 2 and again["per_class"] == own["per_class"] and again["loss"] == own["loss"]
+    assert again["data_dir"] == str(copy.resolve())
+    assert evaluate_checkpoint(imagefolder_run, data={"data_dir": str(copy / "train")}, progress=False,
+                               device="cpu")["samples"] == 8  # without it, evaluated whole
+
+
 def test_other_class_names_are_a_clear_error(tmp_path, imagefolder_run, capsys):
     folder = image_tree(tmp_path / "pets", splits=("",), size=8, classes=("cat", "fox"))
     assert main(["eval", "--checkpoint", str(imagefolder_run), "--data-dir", str(folder), "--device", "cpu"]) == 2

@@ -1,6 +1,8 @@
-"""Models and images to analyse: a training checkpoint or a randomly initialised model.
+"""Models and images to analyse: a training checkpoint, a released model (timm's hub layout) or
+a randomly initialised model.
 
-Checkpoints are built and loaded by the training package (:func:`ssog.train.transfer.model_from_checkpoint`);
+Checkpoints and released models are built and loaded by the training package
+(:func:`ssog.train.transfer.model_from_checkpoint`);
 images come from the data package (the checkpoint's own validation split by default), or
 are standard-normal noise shaped for the model (``data="noise"``), which needs no data set.
 """
@@ -13,9 +15,10 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..models.weights import HUB_PREFIXES
 from ..runtime import resolve_device
 
-__all__ = ["AnalysisModel", "data_name", "image_batches", "iter_models", "load_model", "NOISE"]
+__all__ = ["AnalysisModel", "data_name", "image_batches", "iter_models", "load_model", "NOISE", "source_folder"]
 
 NOISE = "noise"
 
@@ -24,8 +27,9 @@ NOISE = "noise"
 class AnalysisModel:
     """A model in eval mode and where it came from.
 
-    ``source`` is the checkpoint path or ``"random init (seed S)"``; ``config`` is the
-    checkpoint's training config (``None`` for a random model).
+    ``source`` is the checkpoint path, timm's name of a released model (``local-dir:FOLDER``,
+    ``hf-hub:USER/REPO``) or ``"random init (seed S)"``; ``config`` is the checkpoint's
+    training config (``None`` for a released or a random model).
     """
 
     model: nn.Module
@@ -46,6 +50,18 @@ class AnalysisModel:
         }
 
 
+def source_folder(source: str) -> str | None:
+    """The name of the folder a model's ``source`` (:class:`AnalysisModel`) comes from: the run
+    folder of a checkpoint, the folder (or hub repository) of a released model; None for a
+    random model."""
+    if source.startswith("random init"):
+        return None
+    for prefix in HUB_PREFIXES:
+        if source.startswith(prefix):
+            return Path(source[len(prefix):]).name
+    return Path(source).parent.name
+
+
 def load_model(
     model: str | None = None,
     checkpoint: str | Path | None = None,
@@ -58,7 +74,8 @@ def load_model(
 
     Exactly one of ``model`` (a registered name, randomly initialised with ``seed``) and
     ``checkpoint`` (a checkpoint written by ``ssog train``, or its run folder: the ``best``
-    checkpoint) must be given. ``ema`` takes the checkpoint's EMA weights.
+    checkpoint; or a released model in timm's hub layout, :func:`~ssog.train.transfer.model_source`)
+    must be given. ``ema`` takes the checkpoint's EMA weights.
     """
     from ..models import create_model
 
@@ -72,12 +89,15 @@ def load_model(
         net = create_model(model)
         return AnalysisModel(net.eval().to(device), model, f"random init (seed {seed})")
 
-    from ..train.checkpoint import checkpoint_path, read_checkpoint_info
-    from ..train.transfer import model_from_checkpoint
+    from ..train.checkpoint import read_checkpoint_info
+    from ..train.transfer import model_from_checkpoint, model_source
 
     assert checkpoint is not None  # exactly one of model and checkpoint is given
-    path = checkpoint_path(checkpoint, "best")
+    path = model_source(checkpoint)
     net = model_from_checkpoint(path, ema=ema)
+    if isinstance(path, str):  # a released model: its architecture's name, no run config
+        name = (getattr(net, "pretrained_cfg", None) or {}).get("architecture") or type(net).__name__
+        return AnalysisModel(net.eval().to(device), name, path)
     config = read_checkpoint_info(path)["config"]
     return AnalysisModel(net.eval().to(device), config["model"], str(path), config)
 
@@ -114,12 +134,16 @@ def image_batches(
     num_images: int = 512,
     batch_size: int = 64,
     seed: int = 0,
+    val_split: float | int | str | None = None,
+    split_seed: int | None = None,
 ) -> Iterator[Tensor]:
     """Batches ``(B, C, H, W)`` of the first ``num_images`` validation images, at the model's size.
 
     ``data``: a data source of :data:`ssog.data.DATASETS` (its validation split, evaluation
     transform), ``"noise"`` (standard-normal images, seeded), or ``None``: the checkpoint's
-    own data set (with its data folder and validation split), noise for a random model.
+    own data set (with its data folder and validation split), noise for a random or released
+    model. ``val_split`` and ``split_seed`` (as ``ssog train`` takes them) say which images are
+    the validation split, over the checkpoint's own: those a run held out of the training set.
     A data set with fewer images yields all of them.
     """
     if num_images < 1 or batch_size < 1:
@@ -130,6 +154,11 @@ def image_batches(
     img_size = tuple(model.patch_embed.img_size)
     config = loaded.config or {}
     data = data_name(loaded, data)
+    named = [name for name, value in (("data_dir", data_dir), ("val_split", val_split), ("split_seed", split_seed))
+             if value is not None]
+    if data == NOISE and named:
+        raise ValueError(f"{', '.join(named)} say which images of a data set to read, but {loaded.name} is analysed on "
+                         "noise: name the data set with --data (data)")
     if data == NOISE:
         generator = torch.Generator().manual_seed(seed)
         for start in range(0, num_images, batch_size):
@@ -148,6 +177,8 @@ def image_batches(
         options = {k: config[k] for k in ("val_split", "split_seed", "synthetic_size", "synthetic_classes")
                    if k in config}
         data_dir = data_dir or config.get("data_dir")
+    options.update({key: value for key, value in (("val_split", val_split), ("split_seed", split_seed))
+                    if value is not None})
     _, val, info = build_datasets(data, data_dir, synthetic_img_size=img_size[0], **options)
     if info.in_chans != in_chans:
         raise ValueError(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
-from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from .loading import source_folder
 
 __all__ = [
     "TABLE_ROWS", "csv_table", "field_table", "kernels_rows", "kernels_table", "lipschitz_table", "markdown_table",
@@ -30,10 +31,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _label(result: dict[str, Any]) -> str:
-    """The model's name and, for a trained one, its run folder (runs of one model differ by it)
-    unless the folder is named after the model."""
-    source, model = result["source"], result["model"]
-    folder = None if source.startswith("random init") else Path(source).parent.name
+    """The model's name and, for a trained one, its run or release folder (runs of one model
+    differ by it) unless the folder is named after the model."""
+    model, folder = result["model"], source_folder(result["source"])
     return model if folder in (None, model) else f"{model} ({folder})"
 
 

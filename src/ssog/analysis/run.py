@@ -17,7 +17,7 @@ from ..runtime import check_plotting
 from .field import field_branches
 from .kernels import kernel_statistics
 from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
-from .loading import AnalysisModel, data_name, image_batches, iter_models
+from .loading import AnalysisModel, data_name, image_batches, iter_models, source_folder
 from .report import TABLE_ROWS, csv_table, markdown_table
 from .sinks import sink_diagnostics
 
@@ -75,13 +75,14 @@ def _for_each_model(
 
 def _identity(loaded: AnalysisModel, data: str | None) -> dict[str, Any]:
     """The model's identity, its figure label (name and run folder, or "random") and the data it is analysed on."""
-    label = f"{loaded.name} ({'random' if loaded.config is None else Path(loaded.source).parent.name})"
+    label = f"{loaded.name} ({source_folder(loaded.source) or 'random'})"
     return {**loaded.describe(), "label": label, "data": data_name(loaded, data)}
 
 
-def _images(loaded: AnalysisModel, data: str | None, data_dir: str | None, num_images: int, seed: int) -> torch.Tensor:
+def _images(loaded: AnalysisModel, data: str | None, data_dir: str | None, num_images: int, seed: int,
+            split: dict[str, Any]) -> torch.Tensor:
     """The first ``num_images`` images of :func:`image_batches` as one batch."""
-    return torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed)))
+    return torch.cat(list(image_batches(loaded, data, data_dir=data_dir, num_images=num_images, seed=seed, **split)))
 
 
 def run_sinks(
@@ -90,6 +91,8 @@ def run_sinks(
     *,
     data: str | None = None,
     data_dir: str | None = None,
+    val_split: float | int | str | None = None,
+    split_seed: int | None = None,
     num_images: int = 512,
     batch_size: int = 64,
     ema: bool = False,
@@ -103,7 +106,7 @@ def run_sinks(
 
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
         batches = image_batches(loaded, data, data_dir=data_dir, num_images=num_images,
-                                batch_size=batch_size, seed=seed)
+                                batch_size=batch_size, seed=seed, val_split=val_split, split_seed=split_seed)
         return {**loaded.describe(), "data": data_name(loaded, data), **sink_diagnostics(loaded.model, batches)}
 
     return _for_each_model("sinks", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
@@ -116,6 +119,8 @@ def run_lipschitz(
     *,
     data: str | None = None,
     data_dir: str | None = None,
+    val_split: float | int | str | None = None,
+    split_seed: int | None = None,
     num_images: int = 8,
     scales: Sequence[float] = DEFAULT_SCALES,
     iters: int = 20,
@@ -132,7 +137,7 @@ def run_lipschitz(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
-        images = _images(loaded, data, data_dir, num_images, seed)
+        images = _images(loaded, data, data_dir, num_images, seed, dict(val_split=val_split, split_seed=split_seed))
         return {**_identity(loaded, data), "dtype": dtype,
                 **lipschitz_analysis(loaded.model, images, scales, iters, DTYPES[dtype], seed)}
 
@@ -150,6 +155,8 @@ def run_field(
     *,
     data: str | None = None,
     data_dir: str | None = None,
+    val_split: float | int | str | None = None,
+    split_seed: int | None = None,
     num_images: int = 256,
     ema: bool = False,
     seed: int = 0,
@@ -162,7 +169,7 @@ def run_field(
     ``field.png`` (earlier ones there are refused unless ``overwrite``)."""
 
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
-        images = _images(loaded, data, data_dir, num_images, seed)
+        images = _images(loaded, data, data_dir, num_images, seed, dict(val_split=val_split, split_seed=split_seed))
         return {**_identity(loaded, data), **field_branches(loaded.model, images)}
 
     results = _for_each_model("field", analyse, models, checkpoints, ema=ema, seed=seed, device=device,

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ssog.cli.train_options import parse_split
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -21,7 +23,9 @@ def _positive_float(text: str) -> float:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
-                        help="a checkpoint written by ssog train, or its run folder (its best); repeatable")
+                        help="a checkpoint written by ssog train, or its run folder (its best), or a released "
+                             "model (a folder with config.json and model.safetensors, local-dir:FOLDER, "
+                             "hf-hub:USER/REPO); repeatable")
     parser.add_argument("--model", action="append", default=[], metavar="NAME",
                         help="a registered model, randomly initialised; repeatable")
     parser.add_argument("--ema", action="store_true", help="use the checkpoints' EMA weights")
@@ -37,6 +41,12 @@ def _data(parser: argparse.ArgumentParser, num_images: int) -> None:
     parser.add_argument("--data", help="noise, or a data set (digits, cifar10, cifar100, imagefolder, synthetic); "
                                        "default: the checkpoint's own, noise for random models")
     parser.add_argument("--data-dir", help="data folder of --data (default: the checkpoint's)")
+    parser.add_argument("--val-split", type=parse_split,
+                        help="the validation images: this count or fraction split off the training set, as ssog "
+                             "train's --val-split (default: the checkpoint's; a released model's run's held-out "
+                             "images need it)")
+    parser.add_argument("--split-seed", type=int, help="seed of --val-split's stratified split (default: the "
+                                                       "checkpoint's, else 0)")
     parser.add_argument("--num-images", type=_positive_int, default=num_images,
                         help=f"validation images to use (default {num_images})")
 
@@ -98,11 +108,15 @@ def _sources(args: argparse.Namespace) -> dict:
                 device=args.device, output=args.output, overwrite=args.overwrite)
 
 
+def _images(args: argparse.Namespace) -> dict:
+    return dict(data=args.data, data_dir=args.data_dir, num_images=args.num_images, val_split=args.val_split,
+                split_seed=args.split_seed)
+
+
 def run_sinks(args: argparse.Namespace) -> int:
     from ssog.analysis import run_sinks as analyse, sinks_table
 
-    results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images,
-                      batch_size=args.batch_size)
+    results = analyse(**_sources(args), **_images(args), batch_size=args.batch_size)
     print(sinks_table(results))
     print(f"\nwrote {args.output / 'sinks.json'}")
     return 0
@@ -111,8 +125,8 @@ def run_sinks(args: argparse.Namespace) -> int:
 def run_lipschitz(args: argparse.Namespace) -> int:
     from ssog.analysis import DEFAULT_SCALES, lipschitz_table, run_lipschitz as analyse
 
-    results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images,
-                      scales=args.scales or DEFAULT_SCALES, iters=args.iters, dtype=args.dtype)
+    results = analyse(**_sources(args), **_images(args), scales=args.scales or DEFAULT_SCALES, iters=args.iters,
+                      dtype=args.dtype)
     print(lipschitz_table(results))
     print("\nbound: analytic upper bound ('-': none exists); s=...: largest estimate at scales <= s")
     print(f"wrote {args.output / 'lipschitz.json'} and {args.output / 'lipschitz.png'}")
@@ -131,7 +145,7 @@ def run_kernels(args: argparse.Namespace) -> int:
 def run_field(args: argparse.Namespace) -> int:
     from ssog.analysis import field_table, run_field as analyse
 
-    results = analyse(**_sources(args), data=args.data, data_dir=args.data_dir, num_images=args.num_images)
+    results = analyse(**_sources(args), **_images(args))
     print(field_table(results))
     print("\nmeans over the evaluations; MLP share: MLP RMS / (mixer RMS + MLP RMS)")
     print(f"wrote {args.output / 'field.json'} and {args.output / 'field.png'}")

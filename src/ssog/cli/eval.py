@@ -4,21 +4,32 @@ from __future__ import annotations
 import argparse
 import json
 
+from ssog.cli.train_options import parse_split
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "eval",
         help="evaluate a checkpoint (also at another image or patch size)",
         description="Evaluate a checkpoint written by ssog train on its validation data or another "
-                    "data source. --img-size / --patch-size evaluate at another input: the patch "
-                    "embedding is PI-resized and the position embedding resampled bicubically "
+                    "data source, or a released model (timm's hub layout, as ssog export --format hf writes it) "
+                    "on the data --dataset / --data-dir name. --img-size / --patch-size evaluate at another "
+                    "input: the patch embedding is PI-resized and the position embedding resampled bicubically "
                     "(timm), and SSoG's kernels (mu, sigma, steering radius) are scaled by the grid ratio so "
                     "they keep covering the same image area (--no-rescale-kernels keeps them in tokens).",
     )
-    parser.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint or a run folder (its best)")
-    parser.add_argument("--dataset", help="data source (default: the one the model was trained on)")
-    parser.add_argument("--data-dir", help="data folder for --dataset; for an ImageFolder run, a folder of class "
-                                           "folders (or with a val/ folder) evaluated whole")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a .safetensors checkpoint or a run folder (its best), or a released model: a folder "
+                             "with config.json and model.safetensors, local-dir:FOLDER or hf-hub:USER/REPO")
+    parser.add_argument("--dataset", help="data source (default: the one the run was trained on; a released model "
+                                          "needs it or --data-dir)")
+    parser.add_argument("--data-dir", help="data folder for --dataset; for an ImageFolder, a folder of class "
+                                           "folders (or with a val/ folder) evaluated whole unless --val-split")
+    parser.add_argument("--val-split", type=parse_split,
+                        help="with --data-dir: split this count or fraction off DIR/train as training does and "
+                             "evaluate it (an ImageFolder run's held-out images), or name the validation folder")
+    parser.add_argument("--split-seed", type=int, help="seed of --val-split's stratified split (default: the run's, "
+                                                       "else 0)")
     parser.add_argument("--download", action="store_true", default=None, help="download CIFAR if missing")
     parser.add_argument("--split", default="val", choices=("val", "train"), help="which split to evaluate")
     parser.add_argument("--img-size", type=int, help="evaluate at this image size (pixels)")
@@ -44,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None and not args.output.strip():
         raise ValueError("--output is empty: give the JSON file to write the metrics to, or leave --output out")
     if args.output:
-        from ssog.train.checkpoint import checkpoint_path
         from ssog.train.run_folder import refuse_run_file
+        from ssog.train.transfer import model_source, source_files
 
-        refuse_run_file(args.output, "--output", reading=[checkpoint_path(args.checkpoint, "best")])
+        refuse_run_file(args.output, "--output", reading=source_files(model_source(args.checkpoint)))
         if not args.overwrite:
             refuse_existing([args.output], "--output")  # before the evaluation, not after it
-    data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download") if getattr(args, k) is not None}
+    data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download", "val_split", "split_seed")
+            if getattr(args, k) is not None}
     result = evaluate_checkpoint(
         args.checkpoint, data=data, split=args.split, img_size=args.img_size, patch_size=args.patch_size,
         rescale_kernels=args.rescale_kernels, ema=args.ema, batch_size=args.batch_size, device=args.device,

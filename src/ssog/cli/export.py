@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .info import check_num_classes
@@ -26,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a registered model name (random weights), e.g. ssog_vit_tiny_patch4_32")
-    source.add_argument("--checkpoint", help="a run folder (its best) or a .safetensors checkpoint")
+    source.add_argument("--checkpoint", help="a run folder (its best) or a .safetensors checkpoint; for ONNX also a "
+                                             "released model (a folder with config.json and model.safetensors)")
     parser.add_argument("--output", required=True, help="the .onnx file to write, an existing one refused unless "
                                                         "--overwrite (--format hf: a new folder)")
     parser.add_argument("--overwrite", action="store_true",
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from ssog.files import refuse_existing
     from ssog.train.run_folder import refuse_run_file
 
-    refuse_run_file(args.output, "--output", reading=[_checkpoint_file(args.checkpoint)] if args.checkpoint else [])
+    refuse_run_file(args.output, "--output", reading=_checkpoint_files(args.checkpoint) if args.checkpoint else [])
     if not args.overwrite:
         refuse_existing([args.output], "--output")
     missing = missing_export_packages()
@@ -140,11 +142,11 @@ def _move_to(model: nn.Module, input_size: tuple[int, int, int], img_size: int |
     return move_to_input_size(model, img_size, None, rescale_kernels)
 
 
-def _checkpoint_file(checkpoint: str) -> str:
-    """The file ``--checkpoint`` reads (a run folder's best)."""
-    from ssog.train.checkpoint import checkpoint_path
+def _checkpoint_files(checkpoint: str) -> list[Path]:
+    """The files ``--checkpoint`` reads (a run folder's best, a released folder's files)."""
+    from ssog.train.transfer import model_source, source_files
 
-    return str(checkpoint_path(checkpoint, "best"))
+    return source_files(model_source(checkpoint))
 
 
 def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:

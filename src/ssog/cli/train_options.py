@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = [
     "EMA_DECAY", "GROUPS", "TRAIN_FLAGS", "Option", "TIMM_INSTEAD", "add_options", "fill_fallbacks", "option_settings",
-    "unknown_option_hint",
+    "parse_split", "unknown_option_hint",
 ]
 
 #: timm's ``--model-ema-decay`` default: the decay ``--model-ema`` alone keeps an EMA with.
@@ -60,8 +60,8 @@ class Option:
         return self.flags[0].lstrip("-").replace("-", "_")
 
 
-def _split(text: str) -> float | int | str:
-    """A fraction or count, or a split's name."""
+def parse_split(text: str) -> float | int | str:
+    """A ``--val-split`` value (``ssog train``, ``ssog eval``): a fraction or count, or a split's name."""
     try:
         return float(text) if any(c in text for c in ".eE") else int(text)
     except ValueError:
@@ -87,7 +87,7 @@ TRAIN_FLAGS: tuple[Option, ...] = (
            "validation/, WebDataset shard folder, Hugging Face cache folder)", _DATA, "--data-dir"),
     Option(("--val-split",), "val_split", "split this fraction (<1) or count off the training set for validation, "
            "or name the validation split of a timm source or the validation folder of an ImageFolder "
-           "(default: validation)", _DATA, "--val-split", parse=_split),
+           "(default: validation)", _DATA, "--val-split", parse=parse_split),
     Option(("--train-split",), "train_split", "the training split's name (timm's sources)", _DATA, "--train-split"),
     Option(("--train-subset",), "train_subset", "train on a seeded, stratified subset of N training images", _DATA),
     Option(("--num-classes",), "num_classes", "classifier outputs where the source does not tell them", _DATA,

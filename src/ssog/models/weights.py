@@ -3,24 +3,36 @@ model (resuming a run, ``--init-from``, and the model of a checkpoint that ``sso
 ``ssog export`` and ``ssog analyze`` read), with its checks; the model entries of an ssog run
 checkpoint (the one definition of that format's prefix, which :mod:`ssog.train.checkpoint`
 writes: models cannot import ssog.train, which builds them), timm's ``pretrained_filter_fn``
-and ``load_state_dict`` pre-hook for them (timm's ``pretrained`` and ``checkpoint_path``), and
-position and patch embeddings resampled to another input or patch size."""
+and ``load_state_dict`` pre-hook for them (timm's ``pretrained`` and ``checkpoint_path``),
+position and patch embeddings resampled to another input or patch size, and a released model
+in timm's hub layout read through timm (:func:`hub_reference`, :func:`load_hub_model`)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from torch import Tensor, nn
 
 __all__ = [
-    "CHECKPOINT_MODEL_PREFIX", "adapt_embeddings", "check_finite_weights", "check_state_dict", "checkpoint_filter_fn",
-    "load_run_checkpoint", "load_weights_into",
+    "CHECKPOINT_MODEL_PREFIX", "HUB_CONFIG", "HUB_PREFIXES", "HUB_WEIGHTS", "adapt_embeddings", "check_finite_weights",
+    "check_state_dict", "checkpoint_filter_fn", "hub_reference", "load_hub_model", "load_run_checkpoint",
+    "load_weights_into",
 ]
 
 #: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``):
 #: the checkpoint's ``"model"`` entry, its tensors' paths joined by ``/``.
 CHECKPOINT_MODEL_PREFIX = "model/"
+
+#: The prefixes of timm's model names that read a model in timm's hub layout:
+#: ``local-dir:FOLDER`` and ``hf-hub:USER/REPO`` (``timm.create_model(name, pretrained=True)``).
+HUB_PREFIXES = ("local-dir:", "hf-hub:")
+#: The files of timm's hub layout (``timm.models.save_for_hf``): the config (architecture, its
+#: arguments, ``pretrained_cfg``) and the weights, in either of timm's formats.
+HUB_CONFIG = "config.json"
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module | None = None) -> dict[str, Tensor]:
@@ -111,3 +123,32 @@ def check_state_dict(model: nn.Module, state_dict: dict[str, Tensor], source: st
                 shown = ", ".join(items[:5]) + (f", ... ({len(items)} in all)" if len(items) > 5 else "")
                 parts.append(f"{label}: {shown}")
         raise ValueError(f"{source} does not match the model ({'; '.join(parts)})")
+
+
+def hub_reference(source: str | Path) -> str | None:
+    """timm's name of the released model ``source`` names: ``source`` itself when it starts with
+    one of :data:`HUB_PREFIXES`, ``local-dir:FOLDER`` for a folder holding :data:`HUB_CONFIG`
+    and one of :data:`HUB_WEIGHTS` (what ``ssog export --format hf`` writes); None otherwise."""
+    if str(source).startswith(HUB_PREFIXES):
+        return str(source)
+    folder = Path(source)
+    if (folder / HUB_CONFIG).is_file() and any((folder / name).is_file() for name in HUB_WEIGHTS):
+        return f"local-dir:{folder}"
+    return None
+
+
+def load_hub_model(reference: str) -> nn.Module:
+    """The model of a released folder, on the CPU: ``timm.create_model(reference,
+    pretrained=True)`` (``reference``: ``local-dir:FOLDER`` or ``hf-hub:USER/REPO``, see
+    :func:`hub_reference`), which builds the architecture its ``config.json`` names with its
+    arguments and ``pretrained_cfg`` (data config, class names) and loads the weights strictly;
+    then the weights are checked finite (:func:`check_finite_weights`). A folder or repository
+    timm cannot build a model from is a ValueError of one line naming it."""
+    try:
+        model = timm.create_model(reference, pretrained=True)
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as error:
+        reason = " ".join(str(error).split())  # timm's strict loading lists the keys over several lines
+        raise ValueError(f"cannot build the released model {reference} through timm: {type(error).__name__}: "
+                         f"{reason[:500]}") from error
+    check_finite_weights(dict(model.state_dict()), f"the released model {reference}")
+    return model

@@ -10,12 +10,12 @@ from timm.data import resolve_model_data_config
 from ssog.data.folder import class_difference
 from ssog.runtime import is_out_of_memory, torch_settings
 from ssog.train.builders import build_eval_data
-from ssog.train.checkpoint import checkpoint_path, load_checkpoint, read_checkpoint_info
+from ssog.train.checkpoint import load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig, data_source_from_overrides, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.logger import progress_bar
 from ssog.train.metrics import evaluate
-from ssog.train.transfer import model_from_checkpoint, move_to_input_size
+from ssog.train.transfer import model_from_checkpoint, model_source, move_to_input_size
 
 __all__ = ["evaluate_checkpoint"]
 
@@ -34,11 +34,16 @@ def evaluate_checkpoint(
     progress: bool = True,
     per_class: bool = False,
 ) -> dict[str, Any]:
-    """Metrics (``loss``, ``acc1``, ``acc3``, ``acc5``) of a run's checkpoint.
+    """Metrics (``loss``, ``acc1``, ``acc3``, ``acc5``) of a run's checkpoint or of a released model.
 
-    ``checkpoint``: a ``.safetensors`` checkpoint or a run folder (its ``best``). The model
-    and data come from the checkpoint's config; ``data`` overrides data fields (``dataset``,
-    ``data_dir``, ``val_split``, ...). ``img_size`` / ``patch_size`` evaluate at another input
+    ``checkpoint``: a ``.safetensors`` checkpoint or a run folder (its ``best``), or a released
+    model in timm's hub layout (a folder with ``config.json`` and ``model.safetensors``, as
+    ``ssog export --format hf`` writes it, or ``local-dir:FOLDER`` / ``hf-hub:USER/REPO``).
+    A run's model and data come from the checkpoint's config; ``data`` overrides data fields
+    (``dataset``, ``data_dir``, ``val_split``, ``split_seed``, ...). A released model has no
+    run config: ``data`` must name the data (``dataset`` and/or ``data_dir``), and the data
+    config (size, mean, std, crop, interpolation) is its ``pretrained_cfg``'s.
+    ``img_size`` / ``patch_size`` evaluate at another input
     (the model's position embedding and patch embedding are resampled by timm), and
     ``rescale_kernels`` also scales SSoG's mu, sigma and steering radius by the grid ratio
     (Table 13; the image-unit rule of docs/operator.md); ``None`` (the default) does so for a
@@ -46,41 +51,51 @@ def evaluate_checkpoint(
     covering the image area they were trained on (docs/results/accuracy.md, "Resolution
     transfer"), ``False`` keeps them in tokens.
 
-    For an ImageFolder run, a ``data["data_dir"]`` given here is evaluated whole:
+    For an ImageFolder, a ``data["data_dir"]`` given here is evaluated whole:
     ``DIR/<split>`` if it exists, else ``DIR`` itself as class folders (no ``train`` folder
-    needed, the run's ``val_split`` not applied); its class folders must be the run's classes.
+    needed, no split applied), unless ``data["val_split"]`` is given too: then ``DIR`` is read
+    as for training, the validation images split off ``DIR/train`` by ``val_split`` and
+    ``split_seed`` (the run's, or ``data["split_seed"]``), so a run's held-out images are
+    evaluated again from a copy of its data folder. The folder's classes must be the model's.
     ``per_class`` adds ``per_class``: ``[{"class", "images", "acc1"}, ...]``.
     """
     for name, value in (("img_size", img_size), ("patch_size", patch_size), ("batch_size", batch_size)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    path = checkpoint_path(checkpoint, "best")
+    data = dict(data or {})
+    path = model_source(checkpoint)
     model = model_from_checkpoint(path, ema=ema)  # the trained size, weights checked and loaded
-    config = read_checkpoint_info(path).get("config")
-    if config is None:
-        raise ValueError(f"{path} holds weights only; ssog eval needs a checkpoint written by ssog train")
-    # A dataset named here beats the run's data source, as on the training command line.
-    values = data_source_from_overrides(config, dict(config, **(data or {})), set(data or {}))
-    if values.get("data_dir") is not None:
-        given = (data or {}).get("data_dir") is not None
-        values["data_dir"] = str(Path(values["data_dir"]).expanduser().resolve() if given else
-                                 _run_data_dir(config["data_dir"], config.get("output"), path))
+    if isinstance(path, str):  # a released model: the data named here, the data config of its pretrained_cfg
+        values = _released_model_values(model, path, data)
+        classes = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    else:
+        config = read_checkpoint_info(path).get("config")
+        if config is None:
+            raise ValueError(f"{path} holds weights only; ssog eval needs a checkpoint written by ssog train")
+        # A dataset named here beats the run's data source, as on the training command line.
+        values = data_source_from_overrides(config, dict(config, **data), set(data))
+        if values.get("data_dir") is not None and data.get("data_dir") is None:
+            values["data_dir"] = str(_run_data_dir(config["data_dir"], config.get("output"), path))
+        classes = load_checkpoint(path, only=("classes",)).get("classes")
+    if data.get("data_dir") is not None:
+        values["data_dir"] = str(Path(data["data_dir"]).expanduser().resolve())
     values.update(output=None, init_from=None, progress=progress, device=device, overwrite=False)
     if batch_size is not None:  # images at once: a run's gradient accumulation does not divide it
         values.update(batch_size=batch_size, grad_accum_steps=1)
     values["img_size"] = img_size or values.get("img_size")
     cfg = TrainConfig.from_dict(upgrade_checkpoint_config(values))
     ctx = init_distributed(cfg.device)
-    # A folder given here is evaluated whole: the run's val_split belongs to the run's own data.
-    folder = (data or {}).get("data_dir") if cfg.dataset == "imagefolder" else None
+    # A folder given here is evaluated whole, unless a val_split given here says which part of it.
+    given = data.get("data_dir") if cfg.dataset == "imagefolder" else None
+    folder = given if data.get("val_split") is None else None
     with _out_of_memory_named(cfg, ctx):  # synthetic images are made in memory at img_size
         loader, info, data_config = build_eval_data(cfg, ctx, split, folder=folder)
-    if folder is not None:
-        _check_classes(load_checkpoint(path, only=("classes",)).get("classes"), info.classes, folder, path)
+    if given is not None:
+        _check_classes(classes, info.classes, given, path)
 
     in_chans = resolve_model_data_config(model)["input_size"][0]  # the run's data config (model_from_checkpoint)
     if (model.num_classes, in_chans) != (info.num_classes, info.in_chans):
-        raise ValueError(f"checkpoint {path} classifies {model.num_classes} classes of {in_chans}-channel "
+        raise ValueError(f"{path} classifies {model.num_classes} classes of {in_chans}-channel "
                          f"images; the data has {info.num_classes} classes, {info.in_chans} channels")
     _check_patch_size(model, img_size, patch_size)
     with _out_of_memory_named(cfg, ctx, info.native_size):
@@ -119,6 +134,23 @@ def _out_of_memory_named(cfg: TrainConfig, ctx: DistContext, native_size: int | 
                           f"batch_size {cfg.batch_size} (--batch-size); lower them") from None
 
 
+def _released_model_values(model: Any, reference: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The config values that evaluate the released model ``reference``: the data ``data``
+    names (it must name some: a released model stores no run config), the architecture and
+    the data config of the model's ``pretrained_cfg`` (``config.json``)."""
+    if data.get("dataset") is None and data.get("data_dir") is None:
+        raise ValueError(
+            f"{reference} is a released model, which keeps no training config to take the data from: name the data "
+            "with --dataset and --data-dir (for an ImageFolder trained with val_split, add --val-split N and "
+            "--split-seed S to evaluate the images that run held out)")
+    pretrained = getattr(model, "pretrained_cfg", None) or {}
+    values = data_source_from_overrides({}, data, set(data))
+    values.update(model=pretrained.get("architecture") or type(model).__name__, img_size=pretrained["input_size"][-1],
+                  mean=list(pretrained["mean"]), std=list(pretrained["std"]), crop_pct=pretrained["crop_pct"],
+                  interpolation=pretrained["interpolation"])
+    return values
+
+
 def _run_data_dir(data_dir: str, output: str | None, checkpoint: Path) -> Path:
     """A run's ``data_dir`` as an absolute path. Runs store it resolved; an older run's relative
     one is taken relative to the folder that run was started from, found by removing its
@@ -145,13 +177,14 @@ def _check_patch_size(model, img_size: int | None, patch_size: int | None) -> No
                          f"{' (--img-size)' if img_size else ''}; choose a patch size of at most {size}")
 
 
-def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...], folder: str, path: Path) -> None:
-    """The evaluated folder's classes must be the run's, in the same order (same label indices)."""
+def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...], folder: str,
+                   path: Path | str) -> None:
+    """The evaluated folder's classes must be the model's, in the same order (same label indices)."""
     if run_classes is None:  # checkpoints written before class names were stored
         return
     if list(folder_classes) != list(run_classes):
         raise ValueError(
-            f"the class folders of {folder} are not the classes the run {path} was trained on "
+            f"the class folders of {folder} are not the classes the run of {path} was trained on "
             f"({class_difference(run_classes, folder_classes)}; expected {len(run_classes)} folders: "
             f"{', '.join(run_classes[:10])}{', ...' if len(run_classes) > 10 else ''})"
         )

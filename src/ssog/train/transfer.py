@@ -1,4 +1,5 @@
-"""Moving weights between settings: warm starts, linear probes, other input and patch sizes."""
+"""Moving weights between settings: warm starts, linear probes, other input and patch sizes; the
+model a ``--checkpoint`` names (a run's checkpoint, or a released model in timm's hub layout)."""
 from __future__ import annotations
 
 import logging
@@ -11,13 +12,15 @@ from timm.models import load_state_dict as timm_load_state_dict
 
 from ssog.conversion import convert_state_dict
 from ssog.layers import ssog_mixers
-from ssog.models.weights import adapt_embeddings, load_weights_into
+from ssog.models.weights import (
+    HUB_CONFIG, HUB_PREFIXES, HUB_WEIGHTS, adapt_embeddings, hub_reference, load_hub_model, load_weights_into,
+)
 from ssog.train.checkpoint import FORMAT, MODEL_KEY, checkpoint_path, load_checkpoint
 from ssog.train.config import TIMM_INIT_PREFIX
 
 __all__ = [
     "load_weights", "init_from_checkpoint", "freeze_backbone", "classifier_prefixes",
-    "set_input_size", "model_from_checkpoint", "move_to_input_size",
+    "set_input_size", "model_from_checkpoint", "model_source", "move_to_input_size", "source_files",
 ]
 
 logger = logging.getLogger(__name__)
@@ -168,21 +171,69 @@ def move_to_input_size(model: torch.nn.Module, img_size: int | None = None, patc
     return set_input_size(model, img_size, patch_size, rescale_kernels), rescale_kernels
 
 
-def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Module:
-    """The trained model of an ssog checkpoint (a run folder: its ``best``), on the CPU.
+def model_source(checkpoint: str | Path) -> Path | str:
+    """What a ``--checkpoint`` of ``ssog eval``, ``ssog analyze`` or ``ssog export`` names: timm's
+    name of a released model (``local-dir:FOLDER`` for a folder in timm's hub layout, or
+    ``local-dir:``/``hf-hub:`` as given; :func:`~ssog.models.weights.hub_reference`), else the
+    run checkpoint file (a run folder: its ``best``). A folder that is neither is a
+    FileNotFoundError of one line saying what each needs."""
+    reference = hub_reference(checkpoint)
+    if reference is not None:
+        return reference
+    folder = Path(checkpoint)
+    if folder.is_dir() and not any((folder / f"{name}.safetensors").is_file() for name in ("best", "last")):
+        found = [name for name in (HUB_CONFIG, *HUB_WEIGHTS) if (folder / name).is_file()]
+        if found or not any(folder.glob("*.safetensors")):
+            held = f"it holds {' and '.join(found)} only" if found else "it holds neither"
+            raise FileNotFoundError(
+                f"{folder} is neither a run folder of ssog train (best.safetensors or last.safetensors) nor a "
+                f"released model in timm's hub layout ({HUB_CONFIG} and {HUB_WEIGHTS[0]}, as ssog export "
+                f"--format hf writes them): {held}")
+    return checkpoint_path(checkpoint, "best")
 
-    Built from the run's config, with the classes, channels and input size read off the
-    weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights. Its
-    ``pretrained_cfg`` holds the run's data config and class names (what timm's
-    ``resolve_data_config(model=...)``, ``save_for_hf`` and the ONNX export read).
+
+def source_files(source: Path | str) -> list[Path]:
+    """The files the model of ``source`` (:func:`model_source`) is read from, which a command
+    that writes a file must never replace: the checkpoint, or a released folder's files (none
+    here for ``hf-hub:``)."""
+    if isinstance(source, Path):
+        return [source]
+    prefix = HUB_PREFIXES[0]  # local-dir:
+    if not source.startswith(prefix):
+        return []
+    folder = Path(source[len(prefix):])
+    return [folder / name for name in (HUB_CONFIG, *HUB_WEIGHTS) if (folder / name).exists()]
+
+
+def model_from_checkpoint(path: str | Path, ema: bool = False) -> torch.nn.Module:
+    """The trained model of an ssog checkpoint (a run folder: its ``best``) or of a released
+    model (:func:`model_source`), on the CPU.
+
+    A run's model is built from the run's config, with the classes, channels and input size
+    read off the weights (no data needed), and loaded strictly; ``ema`` takes the EMA weights.
+    Its ``pretrained_cfg`` holds the run's data config and class names (what timm's
+    ``resolve_data_config(model=...)``, ``save_for_hf`` and the ONNX export read). A released
+    model is built by timm from its ``config.json`` (:func:`~ssog.models.weights.load_hub_model`),
+    whose ``pretrained_cfg`` holds the same.
     """
+    source = model_source(path)
+    if isinstance(source, str):
+        if ema:
+            raise ValueError(f"{path} is a released model (timm's hub layout): it holds one set of weights and no "
+                             "separate EMA weights; leave out --ema")
+        return load_hub_model(source)
     from ssog.train.builders import apply_data_config, build_model, run_data_config
     from ssog.train.config import TrainConfig, upgrade_checkpoint_config
 
-    path = checkpoint_path(path, "best")
+    path = source
     weights, config = load_weights(path, ema=ema)
     if config is None:
-        raise ValueError(f"{path} holds weights only; building its model needs a checkpoint written by ssog train")
+        if hub_reference(path.parent) is not None:
+            raise ValueError(f"{path} holds weights only; give its folder {path.parent}, a released model in timm's "
+                             "hub layout, whose config.json says how to build the model")
+        raise ValueError(f"{path} holds weights only; building its model needs a checkpoint written by ssog train "
+                         f"or a released model in timm's hub layout (a folder with {HUB_CONFIG} and "
+                         f"{HUB_WEIGHTS[0]})")
     cfg = TrainConfig.from_dict(upgrade_checkpoint_config(
         {**config, "output": None, "init_from": _architecture_init(config.get("init_from"))}))
     stored = load_checkpoint(path, only=("data_config", "classes"))
