@@ -38,9 +38,9 @@ CLASSES = {"cifar10": 10, "cifar100": 100}
 THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else len(os.sched_getaffinity(0))
 TIER = dict(dataset="synthetic", synthetic_size=4, batch_size=2, grad_accum_steps=1, max_steps=2, epochs=1,
             num_workers=0, device="cpu", threads=THREADS, progress=False, log_every=0)
-#: On a CPU without native bf16 kernels a 224-px run under the recipes' bf16 autocast took
-#: about 170 s instead of 21-32 (the suite was 63% through after 25 minutes), so there the tier runs in fp32;
-#: bf16 autocast itself is tested on a tiny model (tests/train/test_train.py, test_mixed_precision_runs).
+#: On a CPU without native bf16 kernels the recipes' bf16 autocast makes a 224-px run many times
+#: slower (docs/development.md, "The recipe tier"), so there the tier runs in fp32; bf16 autocast
+#: itself is tested on a tiny model (tests/train/test_train.py, test_mixed_precision_runs).
 if not cpu_has_native_bf16():
     TIER["amp"] = "none"
 
