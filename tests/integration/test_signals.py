@@ -188,3 +188,44 @@ def test_under_torchrun_a_sigterm_to_the_job_stops_every_rank_with_one_checkpoin
         epoch = progress["epoch"] + (1 if progress["step_in_epoch"] else 0)
         assert (epoch, progress["global_step"]) == (int(stopped.group(1)), int(stopped.group(2)))
     assert not (run / ".ssog-run.lock").exists()
+
+
+
+ORPHAN = """
+import os, signal, sys, time
+import numpy as np
+from ssog.data import StopSafeDataLoader
+
+class Arrays:  # numpy results go through the workers' pipe, not shared memory
+    def __len__(self): return 64
+    def __getitem__(self, index): return np.zeros(1 << 20, dtype=np.float32)
+
+iterator = iter(StopSafeDataLoader(Arrays(), batch_size=4, num_workers=1, collate_fn=list))
+time.sleep(3)  # the worker fills the pipe and waits to write more
+open(sys.argv[1], "w").write(str(iterator._workers[0].pid))
+os.kill(os.getpid(), signal.SIGTERM)  # no handler yet: the process ends without shutting its loader down
+"""
+
+
+def test_a_loader_worker_ends_with_a_parent_that_never_shut_it_down(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    # no pipes to the child: an orphaned worker would hold them open
+    done = subprocess.run([sys.executable, "-c", ORPHAN, str(pid_file)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == -signal.SIGTERM
+    worker = int(pid_file.read_text())
+
+    def running() -> bool:
+        stat = Path(f"/proc/{worker}/stat")
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 15
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = running()
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, "the orphaned loader worker still runs 15 s after its parent ended"

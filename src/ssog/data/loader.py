@@ -134,13 +134,27 @@ def leave_stop_signals_to_parent(worker_id: int = 0) -> None:
     threading.Thread(target=_take_stop_signals, args=(os.getppid(),), name="ssog-stop-signals", daemon=True).start()
 
 
+#: How often (seconds) a worker looks whether its parent still lives.
+PARENT_CHECK_S = 1.0
+
+
 def _take_stop_signals(parent: int) -> None:
     """Wait for :data:`~ssog.runtime.STOP_SIGNALS` (blocked in every other thread of the
     worker). The parent's SIGTERM (a loader's or multiprocessing's shutdown) ends the worker
     quietly, as torch's own handler for its workers does; another signal of the parent is
-    raised again in this thread, unblocked, to act as it would."""
+    raised again in this thread, unblocked, to act as it would.
+
+    A parent that ended without shutting its loader down (killed outright, or by a signal
+    before its run installed its stop handlers) ends the worker too: torch's worker would
+    otherwise wait forever, at its exit, to flush results (numpy arrays go through the pipe,
+    not shared memory) into a pipe nobody reads, and it leaves other senders' stop signals to
+    its parent."""
     while True:
-        info = signal.sigwaitinfo(STOP_SIGNALS)
+        info = signal.sigtimedwait(STOP_SIGNALS, PARENT_CHECK_S)
+        if info is None:
+            if os.getppid() != parent:
+                os._exit(0)
+            continue
         if info.si_pid == parent:
             if info.si_signo == signal.SIGTERM:
                 os._exit(0)  # a worker killed by a signal would make the parent's loader complain
