@@ -1,35 +1,55 @@
 #!/usr/bin/env bash
-# A queue worker: takes the first line of queue.txt ("CHECKOUT CONFIG VARIANT[+TAG] ARCHIVE [ARGS...]")
-# whose run is neither finished nor claimed by another worker, trains it from that checkout (a
-# run folder that exists is resumed), copies its config, log and summary into
-# docs/results/ARCHIVE/runs/, and takes the next. Idles while the queue has nothing; stops
-# when the file STOP exists.
+# A queue worker: takes the first line of queue.txt ("COMMIT CONFIG VARIANT[+TAG] PAGE [ARGS...]")
+# whose run is neither finished (its summary archived under docs/results/PAGE/runs/, or in its
+# run folder) nor claimed by another worker, trains it from a checkout of COMMIT (made on first
+# use; a run folder that holds a checkpoint is resumed), copies its config, log and summary into
+# docs/results/PAGE/runs/VARIANT/, and takes the next. Idles while the queue has nothing; stops
+# when the file STOP exists in the runs folder.
+#   RUNS (default /work/runs43): run folders, queue.txt, claims; REPO (/work/main): the
+#   repository and its .venv; FROZEN (/work/frozen): the checkouts; DATA (/tmp/data): the data.
 set -u
-cd /work/runs43
-PY=/work/main/.venv/bin/python
-mkdir -p claims
+RUNS=${RUNS:-/work/runs43}; REPO=${REPO:-/work/main}; FROZEN=${FROZEN:-/work/frozen}; DATA=${DATA:-/tmp/data}
+PY=$REPO/.venv/bin/python
+cd "$RUNS" && mkdir -p claims "$FROZEN"
+
+archived() { [[ -f $REPO/docs/results/$2/runs/$1/summary.json ]]; }
+archive() {  # VARIANT PAGE: the finished run's record, beside its results page
+  local dest=$REPO/docs/results/$2/runs/$1
+  mkdir -p "$dest" && cp "$RUNS/$1/config.yaml" "$RUNS/$1/log.jsonl" "$RUNS/$1/summary.json" "$dest/"
+}
+checkout() {  # COMMIT -> the folder of a detached checkout of it, made once (a lock for two workers)
+  local dir=$FROZEN/$1
+  if [[ ! -d $dir ]]; then
+    until mkdir "$FROZEN/.lock" 2>/dev/null; do sleep 2; done
+    [[ -d $dir ]] || git -C "$REPO" worktree add --detach "$dir" "$1" >&2
+    rmdir "$FROZEN/.lock"
+  fi
+  echo "$dir"
+}
+
 while [[ ! -e STOP ]]; do
   picked=""
-  while read -r checkout config variant archive extra; do
-    [[ -z "$checkout" || "$checkout" == \#* ]] && continue
-    [[ -f /work/runs43/$variant/summary.json ]] && continue
-    if mkdir claims/$variant 2>/dev/null; then picked="$checkout|$config|$variant|$archive|$extra"; break; fi
+  while read -r commit config variant page extra; do
+    [[ -z "$commit" || "$commit" == \#* ]] && continue
+    archived "$variant" "$page" && continue
+    if [[ -f $RUNS/$variant/summary.json ]]; then archive "$variant" "$page"; continue; fi
+    if mkdir "claims/$variant" 2>/dev/null; then picked="$commit|$config|$variant|$page|$extra"; break; fi
   done < queue.txt
   if [[ -z "$picked" ]]; then sleep 60; continue; fi
-  IFS='|' read -r checkout config variant archive extra <<< "$picked"
-  out=/work/runs43/$variant
+  IFS='|' read -r commit config variant page extra <<< "$picked"
+  dir=$(checkout "$commit")
+  out=$RUNS/$variant
   if [[ -f $out/last.safetensors ]]; then
     args=(--resume "$out")
   else
     rm -rf "$out.failed"; [[ -d $out ]] && mv "$out" "$out.failed"
-    args=(--config "$checkout/configs/$config" --variant "${variant%%+*}" --data-dir "$(case $config in tinyimagenet.yaml) echo /tmp/data/tiny-imagenet-200;; *) echo /tmp/data/${config%.yaml};; esac)" --output "$out" $extra)
+    case $config in tinyimagenet.yaml) data=$DATA/tiny-imagenet-200;; *) data=$DATA/${config%.yaml};; esac
+    # shellcheck disable=SC2206  # ARGS are words, as written in the queue
+    args=(--config "$dir/configs/$config" --variant "${variant%%+*}" --data-dir "$data" --output "$out" $extra)
   fi
-  echo "$(date -u +%FT%TZ) start $variant ${args[*]}"
-  (cd "$checkout" && OMP_NUM_THREADS=1 PYTHONPATH=$checkout/src $PY -m ssog train "${args[@]}") >> /work/runs43/$variant.out 2>&1
+  echo "$(date -u +%FT%TZ) start $variant ($commit) ${args[*]}"
+  (cd "$dir" && OMP_NUM_THREADS=1 PYTHONPATH=$dir/src $PY -m ssog train "${args[@]}") >> "$RUNS/$variant.out" 2>&1
   echo "$(date -u +%FT%TZ) end $variant rc=$?"
-  if [[ -f $out/summary.json ]]; then
-    dest=/work/main/docs/results/$archive/runs/$variant
-    mkdir -p "$dest" && cp "$out/config.yaml" "$out/log.jsonl" "$out/summary.json" "$dest/"
-  fi
-  rmdir claims/$variant
+  [[ -f $out/summary.json ]] && archive "$variant" "$page"
+  rmdir "claims/$variant"
 done

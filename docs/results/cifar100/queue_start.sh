@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Brings a fresh machine to the queue: the repository's environment, the data extracted from
+# ../shared/data, and two queue workers (queue_worker.sh) in the background, one thread each.
+# Run from the repository's root: bash docs/results/cifar100/queue_start.sh
+set -eu
+REPO=$(pwd); RUNS=${RUNS:-/work/runs43}; DATA=${DATA:-/tmp/data}; SHARED=${SHARED:-$REPO/../shared}
+here=$(dirname "$0")
+[[ -x .venv/bin/python ]] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'; }
+mkdir -p "$DATA"
+for name in cifar10 cifar100 tiny-imagenet-200; do
+  [[ -d $DATA/$name ]] || tar xzf "$SHARED/data/$name-train.tar.gz" -C "$DATA"
+done
+mkdir -p "$RUNS/claims"
+cp "$here/queue_worker.sh" "$RUNS/worker.sh" && chmod +x "$RUNS/worker.sh"
+[[ -f $RUNS/queue.txt ]] || cp "$here/queue.txt" "$RUNS/queue.txt"
+rm -f "$RUNS/STOP"
+for i in 1 2; do
+  RUNS=$RUNS REPO=$REPO DATA=$DATA setsid nohup "$RUNS/worker.sh" >> "$RUNS/worker_$i.log" 2>&1 < /dev/null &
+  sleep 3
+done
+echo "two workers on $RUNS/queue.txt; their log: $RUNS/worker_*.log; stop them after their runs: touch $RUNS/STOP"
