@@ -360,13 +360,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.paper_table:
         print("\n".join(paper_table(args.runs)))
-        if args.setting_margin_plot:
-            setting_margin_plot(args.runs, args.setting_margin_plot, args.title, args.goals)
-        return
-    print("| run | params | epochs | Acc@1 | Acc@3 | Acc@5 | val loss | train loss | best Acc@1 | train min |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for run in args.runs:
-        print(row(run))
+    else:
+        print("| run | params | epochs | Acc@1 | Acc@3 | Acc@5 | val loss | train loss | best Acc@1 | train min |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for run in args.runs:
+            print(row(run))
+    if args.setting_margin_plot:
+        setting_margin_plot(args.runs, args.setting_margin_plot, args.title, args.goals)
     if args.plot:
         plot(args.runs, args.plot, args.title)
     if args.grad_plot:
