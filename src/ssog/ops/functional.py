@@ -68,8 +68,10 @@ def forced_backend(name: str) -> Iterator[None]:
 
 
 def forced_backend_name() -> str | None:
-    """The backend :func:`forced_backend` imposes at this point, or ``None``."""
-    return _forced.get()
+    """The backend :func:`forced_backend` imposes at this point, or ``None``; ``None`` while
+    ``torch.compile`` traces (the counting and analysis that force a backend run eagerly, and
+    dynamo of torch 2.11 cannot trace a ``ContextVar`` read: the compiled graph would break)."""
+    return None if torch.compiler.is_compiling() else _forced.get()
 
 
 def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
@@ -154,7 +156,7 @@ def mix_unchecked(
     costs nothing next to the mixing (in Python it is a noticeable share of a small grid's call).
     """
     steered = mu.dim() == 5
-    backend = _forced.get() or backend
+    backend = forced_backend_name() or backend
     if backend == "auto":
         requires_grad = _differentiated(v, mu, sigma, weight)
         backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype)

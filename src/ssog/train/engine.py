@@ -69,9 +69,11 @@ def _scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epo
     step (plateau, which watches validation metrics, every epoch); with the number of epochs the
     schedule runs (``epochs`` + ``cooldown_epochs``, or more with warmup_prefix / cycles)."""
     per_epoch = cfg.sched == "plateau"
+    # unset, timm's own default: timm before 1.0.20 or so multiplies decay_epochs unchecked
+    decay: dict[str, Any] = {} if cfg.decay_epochs is None else {"decay_epochs": cfg.decay_epochs}
     try:
         return create_scheduler_v2(
-            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, decay_epochs=cfg.decay_epochs,
+            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, **decay,
             # timm annotates milestones and warmup as whole epochs; with updates_per_epoch it takes fractions
             decay_milestones=cfg.decay_milestones,  # type: ignore[arg-type]
             decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs, cooldown_epochs=cfg.cooldown_epochs,
