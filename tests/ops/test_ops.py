@@ -433,6 +433,28 @@ def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):
     assert choose_backend((4, 12, 1024, 64), (32, 32), 4, False, cpu, requires_grad=True) == "separable"
 
 
+# On CUDA (decisions from shapes alone, so they run here): the shapes of ``ssog bench-op`` on
+# CUDA (docs/results/gpu_check.md), batch 4, 12 heads, head_dim 64, 4 atoms; A fits
+# DENSE_MAX_MATRIX_BYTES up to 24x24.
+CUDA = torch.device("cuda")
+BENCH_GRIDS = (14, 16, 24, 32, 48, 64)
+
+
+def bench_shape(grid: int) -> tuple[int, int, int, int]:
+    return (4, 12, grid * grid, 64)
+
+
+def test_auto_on_cuda_weighs_dense_against_separable_as_measured():
+    # dense was the faster of the two at every grid the CUDA bench timed: dense wherever A fits
+    for requires_grad in (False, True):
+        picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, requires_grad, dtype=torch.float16)
+                 for g in BENCH_GRIDS]
+        assert picks == ["dense", "dense", "dense", "separable", "separable", "separable"]
+    # other accelerators keep their estimated weight: 24x24 is separable there
+    mps = torch.device("mps")
+    assert choose_backend(bench_shape(24), (24, 24), 4, False, mps, dtype=torch.float16) == "separable"
+
+
 def test_forced_backend_overrides_and_restores(monkeypatch):
     import dataclasses
 

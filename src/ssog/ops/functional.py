@@ -46,7 +46,11 @@ DENSE_MAX_MATRIX_BYTES = 16 * 2**20
 #: ``ssog bench-op`` on a CPU: forward only, and with autograd (more small GEMMs).
 SEPARABLE_OVERHEAD_CPU = 1.9
 SEPARABLE_OVERHEAD_CPU_AUTOGRAD = 2.6
-#: The same weight on accelerators, where launch latency dominates small GEMMs (an estimate).
+#: The same weight on CUDA, fitted to ``ssog bench-op`` there (docs/results/gpu_check.md): the
+#: smallest at which the model picks dense at every grid the bench timed, since dense was the
+#: faster of the two at each, forward and with autograd.
+SEPARABLE_OVERHEAD_CUDA = 9.0
+#: The same weight on other accelerators, where launch latency dominates small GEMMs (an estimate).
 SEPARABLE_OVERHEAD_ACCELERATOR = 3.0
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("ssog_forced_backend", default=None)
@@ -225,9 +229,10 @@ def choose_backend(
     - dense: ``BH N^2 d`` in one large GEMM per head, plus building ``A`` once per head
       (``H R N^2`` element-wise work, ``DENSE_BUILD_MACS_PER_ENTRY`` each);
     - separable: ``BH R N (Hg + Wg) d`` in many small GEMMs, weighted by an overhead
-      factor fitted to ``ssog bench-op`` on a CPU (docs/results/operator.md):
+      factor fitted to ``ssog bench-op``: on a CPU (docs/results/operator.md)
       ``SEPARABLE_OVERHEAD_CPU`` for the forward pass, ``SEPARABLE_OVERHEAD_CPU_AUTOGRAD``
-      with autograd (its backward is more small GEMMs), ``SEPARABLE_OVERHEAD_ACCELERATOR``
+      with autograd (its backward is more small GEMMs); on CUDA
+      ``SEPARABLE_OVERHEAD_CUDA`` (docs/results/gpu_check.md); ``SEPARABLE_OVERHEAD_ACCELERATOR``
       elsewhere.
 
     ``matrix_cached``: the caller holds ``A`` already (``SSoGAttention`` in inference), so
@@ -263,6 +268,8 @@ def choose_backend(
     rows, cols = grid_size
     if device.type == "cpu":
         separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU
+    elif device.type == "cuda":
+        separable_overhead = SEPARABLE_OVERHEAD_CUDA
     else:
         separable_overhead = SEPARABLE_OVERHEAD_ACCELERATOR
     dense_cost = batch * heads * n * n * dim
