@@ -433,6 +433,148 @@ def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):
     assert choose_backend((4, 12, 1024, 64), (32, 32), 4, False, cpu, requires_grad=True) == "separable"
 
 
+# On CUDA (decisions from shapes alone, so they run here): the shapes of ``ssog bench-op`` on
+# CUDA (docs/results/gpu_check.md), batch 4, 12 heads, head_dim 64, 4 atoms; A fits
+# DENSE_MAX_MATRIX_BYTES up to 24x24.
+CUDA = torch.device("cuda")
+BENCH_GRIDS = (14, 16, 24, 32, 48, 64)
+
+
+def bench_shape(grid: int) -> tuple[int, int, int, int]:
+    return (4, 12, grid * grid, 64)
+
+
+@pytest.fixture
+def triton_on_cuda(monkeypatch):
+    """The registry's own ``can_run`` for triton (its dtypes, fixed kernels only), as on a
+    machine with Triton and a CUDA device."""
+    from ssog.ops import triton_separable
+
+    monkeypatch.setattr(triton_separable, "available", lambda device: device.type == "cuda")
+
+
+@pytest.fixture
+def without_triton(monkeypatch):
+    import dataclasses
+
+    from ssog.ops import BACKENDS
+
+    monkeypatch.setitem(BACKENDS, "triton", dataclasses.replace(BACKENDS["triton"], can_run=lambda *args: False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_auto_on_cuda_takes_the_fused_kernel_without_autograd(triton_on_cuda, dtype):
+    for grid in BENCH_GRIDS:
+        assert choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, dtype=dtype) == "triton", grid
+    assert choose_backend((1, 1, 12, 8), (3, 4), 1, False, CUDA, dtype=dtype) == "triton"
+
+
+def test_auto_on_cuda_with_autograd_takes_dense_while_a_fits_then_the_fused_kernel(triton_on_cuda):
+    picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, True, dtype=torch.float16) for g in BENCH_GRIDS]
+    assert picks == ["dense", "dense", "dense", "triton", "triton", "triton"]
+    # the model, not the grid, decides: fewer heads keep A within the limit on a larger grid
+    assert choose_backend((4, 3, 1024, 64), (32, 32), 4, False, CUDA, True, dtype=torch.float16) == "dense"
+
+
+def test_auto_on_cuda_asks_the_registry_for_the_fused_kernel(monkeypatch):
+    import dataclasses
+
+    from ssog.ops import BACKENDS
+
+    asked = []
+    monkeypatch.setitem(BACKENDS, "triton", dataclasses.replace(
+        BACKENDS["triton"], can_run=lambda *args: asked.append(args) or True))
+    assert choose_backend(bench_shape(32), (32, 32), 4, False, CUDA, True, dtype=torch.float16) == "triton"
+    assert asked == [(CUDA, torch.float16, 64, False, True)]
+    # never on a CPU, where Triton's interpreter can run it (the tests' TRITON_INTERPRET=1)
+    assert choose_backend(bench_shape(32), (32, 32), 4, False, torch.device("cpu"), True) == "separable"
+    assert len(asked) == 1
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_auto_on_cuda_without_the_fused_kernel_weighs_dense_against_separable(triton_on_cuda, requires_grad):
+    # float64: a dtype the triton kernel refuses (its can_run); dense was the faster of the
+    # two at every grid the CUDA bench timed, so the CUDA weight keeps dense wherever A fits
+    picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, requires_grad, dtype=torch.float64)
+             for g in BENCH_GRIDS]
+    assert picks == ["dense", "dense", "dense", "separable", "separable", "separable"]
+
+
+def test_auto_on_cuda_without_triton_keeps_dense_and_separable(without_triton):
+    for requires_grad in (False, True):
+        picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, requires_grad, dtype=torch.float16)
+                 for g in BENCH_GRIDS]
+        assert picks == ["dense", "dense", "dense", "separable", "separable", "separable"]
+    # other accelerators keep their estimated weight: 24x24 is separable there
+    mps = torch.device("mps")
+    assert choose_backend(bench_shape(24), (24, 24), 4, False, mps, dtype=torch.float16) == "separable"
+
+
+def test_auto_on_cuda_keeps_dense_rows_for_steered_kernels(triton_on_cuda):
+    for requires_grad in (False, True):
+        assert choose_backend(bench_shape(32), (32, 32), 4, True, CUDA, requires_grad, dtype=torch.float16) == "dense"
+
+
+def test_auto_on_cuda_keeps_a_cached_matrix_where_it_fits(triton_on_cuda):
+    for grid in (14, 16, 24):
+        assert choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, matrix_cached=True,
+                              dtype=torch.float16) == "dense"
+    for grid in (32, 64):  # A beyond DENSE_MAX_MATRIX_BYTES: nothing cached, the fused kernel
+        assert choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, matrix_cached=True,
+                              dtype=torch.float16) == "triton"
+    assert choose_backend(bench_shape(32), (32, 32), 4, False, CUDA, matrix_cached=True,
+                          dtype=torch.float64) == "separable"
+
+
+def test_auto_on_cuda_leaves_the_fused_kernel_out_of_torch_func_transforms(triton_on_cuda, monkeypatch):
+    from ssog.ops import functional
+
+    assert choose_backend(bench_shape(32), (32, 32), 4, False, CUDA, True, dtype=torch.float16,
+                          transformed=True) == "separable"
+    assert choose_backend(bench_shape(24), (24, 24), 4, False, CUDA, True, dtype=torch.float16,
+                          transformed=True) == "dense"
+    # ssog_mix says when a transform wraps the values
+    seen = []
+    original = functional.choose_backend
+    monkeypatch.setattr(functional, "choose_backend",
+                        lambda *a, **k: seen.append(k["transformed"]) or original(*a, **k))
+    mu, sigma, weight = fixed_params(1, 2, dtype=torch.float32)
+    v = values(2, 1, 4, 2, dtype=torch.float32)
+    torch.func.vmap(lambda x: ssog_mix(x, mu, sigma, weight, (2, 2)))(v.unsqueeze(1))
+    ssog_mix(v, mu, sigma, weight, (2, 2))
+    assert seen == [True, False]
+
+
+def test_auto_on_cuda_stays_with_recorded_paths_under_capture(triton_on_cuda):
+    def pick(grid: int) -> str:
+        return choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, dtype=torch.float16)
+
+    picked = []
+
+    def traced(x):  # torch.jit.trace: every batch, as for a cached A
+        picked.extend(pick(grid) for grid in (14, 32))
+        return x + 1
+
+    torch.jit.trace(traced, torch.zeros(1), check_trace=False)
+    assert picked == ["dense", "separable"]
+
+    def compiled(x):  # torch.compile: the choice is a constant of the graph
+        return x + ["dense", "separable", "triton"].index(pick(14)) * 10 + ["dense", "separable", "triton"].index(
+            pick(32))
+
+    assert torch.compile(compiled, fullgraph=True, backend="eager")(torch.zeros(1)).item() == 1
+
+    class AnyGrid(torch.nn.Module):  # torch.export, dynamic height and width: separable, for every grid
+        def forward(self, x):
+            grid = (x.shape[0], x.shape[1])
+            choice = choose_backend((4, 12, grid[0] * grid[1], 64), grid, 4, False, CUDA, dtype=torch.float16)
+            return x + ["dense", "separable", "triton"].index(choice)
+
+    side = torch.export.Dim("side", min=2, max=64)
+    exported = torch.export.export(AnyGrid(), (torch.zeros(5, 6),), dynamic_shapes={"x": {0: side, 1: side + 1}})
+    assert exported.module()(torch.zeros(3, 4)).max() == 1
+
+
 def test_forced_backend_overrides_and_restores(monkeypatch):
     import dataclasses
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import backends, steered_backends
-from .capture import any_batch, any_grid, functorch_wrapped
+from .capture import any_batch, any_grid, capturing_graph, functorch_wrapped
 from .checks import check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
 from .registry import BACKENDS, check_backend, pytorch_backend, windowed_tiles
@@ -46,7 +46,11 @@ DENSE_MAX_MATRIX_BYTES = 16 * 2**20
 #: ``ssog bench-op`` on a CPU: forward only, and with autograd (more small GEMMs).
 SEPARABLE_OVERHEAD_CPU = 1.9
 SEPARABLE_OVERHEAD_CPU_AUTOGRAD = 2.6
-#: The same weight on accelerators, where launch latency dominates small GEMMs (an estimate).
+#: The same weight on CUDA, fitted to ``ssog bench-op`` there (docs/results/gpu_check.md): the
+#: smallest at which the model picks dense at every grid the bench timed, since dense was the
+#: faster of the two at each, forward and with autograd.
+SEPARABLE_OVERHEAD_CUDA = 9.0
+#: The same weight on other accelerators, where launch latency dominates small GEMMs (an estimate).
 SEPARABLE_OVERHEAD_ACCELERATOR = 3.0
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("ssog_forced_backend", default=None)
@@ -158,8 +162,11 @@ def mix_unchecked(
     steered = mu.dim() == 5
     backend = forced_backend_name() or backend
     if backend == "auto":
-        requires_grad = _differentiated(v, mu, sigma, weight)
-        backend = choose_backend(v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype)
+        transformed = functorch_wrapped(v, mu, sigma, weight)
+        requires_grad = transformed or _recorded(v, mu, sigma, weight)
+        backend = choose_backend(
+            v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype, transformed=transformed
+        )
         if steered and backend == "dense":  # from shapes alone: the windowed path may be cheaper
             return _steered_auto(v, mu, sigma, weight, grid_size, local_tolerance, out=out, value_checks=value_checks)
     mix = BACKENDS[backend].mixing(steered)
@@ -210,6 +217,7 @@ def choose_backend(
     requires_grad: bool = False,
     matrix_cached: bool = False,
     dtype: torch.dtype = torch.float32,
+    transformed: bool = False,
 ) -> str:
     """Pick the cheapest backend for fixed or steered kernels by a cost model.
 
@@ -225,10 +233,28 @@ def choose_backend(
     - dense: ``BH N^2 d`` in one large GEMM per head, plus building ``A`` once per head
       (``H R N^2`` element-wise work, ``DENSE_BUILD_MACS_PER_ENTRY`` each);
     - separable: ``BH R N (Hg + Wg) d`` in many small GEMMs, weighted by an overhead
-      factor fitted to ``ssog bench-op`` on a CPU (docs/results/operator.md):
+      factor fitted to ``ssog bench-op``: on a CPU (docs/results/operator.md)
       ``SEPARABLE_OVERHEAD_CPU`` for the forward pass, ``SEPARABLE_OVERHEAD_CPU_AUTOGRAD``
-      with autograd (its backward is more small GEMMs), ``SEPARABLE_OVERHEAD_ACCELERATOR``
+      with autograd (its backward is more small GEMMs); on CUDA
+      ``SEPARABLE_OVERHEAD_CUDA`` (docs/results/gpu_check.md); ``SEPARABLE_OVERHEAD_ACCELERATOR``
       elsewhere.
+
+    **CUDA and the fused kernel.** For fixed kernels on a CUDA device where
+    ``BACKENDS["triton"].can_run`` says the ``triton`` kernel runs (Triton installed; fp32,
+    fp16 or bf16 values), outside graph capture and ``torch.func`` transforms (below):
+    without autograd and without a cached ``A``, ``triton``; otherwise the cost model
+    decides between dense and ``triton``, which takes the place of ``separable`` (the same
+    multiply-adds in one kernel). ``ssog bench-op`` on CUDA measured why
+    (docs/results/gpu_check.md): in the forward pass the fused kernel was level with dense
+    or faster at every grid, several times leaner (its peak near SDPA's, dense's growing as
+    ``N^2``) and faster than separable; with autograd dense was faster than the fused
+    kernel at every grid and leaner wherever ``A`` fits within ``DENSE_MAX_MATRIX_BYTES``,
+    and beyond that the fused kernel was several times faster than separable, for a
+    backward peak a few times SDPA's where separable stays below it: time is taken over
+    that memory. The measurement built ``A`` on every call, so with a cached ``A`` the
+    cost model still decides whether dense's one GEMM wins. Never on a CPU (Triton's
+    interpreter is for tests). Where the fused kernel cannot run (no Triton, float64
+    values), the cost model picks dense or separable as on any device.
 
     ``matrix_cached``: the caller holds ``A`` already (``SSoGAttention`` in inference), so
     dense costs only its GEMM. Dense is only considered while ``A`` stays within
@@ -241,7 +267,15 @@ def choose_backend(
     graph that must hold for every grid (:func:`ssog.ops.capture.any_grid`: ``torch.export``
     with a dynamic height and width) uses ``separable`` for fixed kernels, which holds at
     every grid (dense's ``A`` grows as ``N^2``), and ``dense`` rows for steered ones, as
-    below. The costs
+    below. While any graph is captured (:func:`ssog.ops.capture.capturing_graph`:
+    ``torch.compile``, ``torch.export``, ``torch.jit.trace``) the choice stays with dense
+    and separable, which are recorded exactly: the fused kernel's launch is not a torch op,
+    so a trace cannot record it (under Triton's CPU interpreter ``torch.jit.trace`` fails
+    in the launch), and no test compiles or exports its ``autograd.Function``.
+    ``transformed``: a ``torch.func`` transform (``vmap``, ``jvp``,
+    ``jacrev``, ...) wraps the values (``requires_grad`` then holds too); the fused kernel's
+    ``autograd.Function`` has no ``setup_context``, which those transforms require, so
+    dense or separable then too. The costs
     and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
     From shapes alone, steered
     kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
@@ -260,9 +294,15 @@ def choose_backend(
     if any_grid(grid_size):
         _debug("choose_backend: separable for fixed kernels on a symbolic grid (any image size)")
         return "separable"
+    fused = _fused_kernel_runs(device, dtype, dim, requires_grad, transformed)
+    if fused and not requires_grad and not matrix_cached:
+        _debug("choose_backend: triton for fixed kernels on %s without autograd", device)
+        return "triton"
     rows, cols = grid_size
     if device.type == "cpu":
         separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU
+    elif device.type == "cuda":
+        separable_overhead = SEPARABLE_OVERHEAD_CUDA
     else:
         separable_overhead = SEPARABLE_OVERHEAD_ACCELERATOR
     dense_cost = batch * heads * n * n * dim
@@ -270,24 +310,36 @@ def choose_backend(
         dense_cost += heads * num_atoms * n * n * DENSE_BUILD_MACS_PER_ENTRY
     separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
     matrix_bytes = heads * n * n * 4
-    choice = "dense" if dense_cost <= separable_cost and matrix_bytes <= DENSE_MAX_MATRIX_BYTES else "separable"
+    dense = dense_cost <= separable_cost and matrix_bytes <= DENSE_MAX_MATRIX_BYTES
+    choice = "dense" if dense else "triton" if fused else "separable"
     _debug(
-        "choose_backend: %s for v %s on a %dx%d grid, R=%d, %s%s: dense %.3g MACs (A %.1f MiB, limit %.0f MiB), "
+        "choose_backend: %s for v %s on a %dx%d grid, R=%d, %s%s%s: dense %.3g MACs (A %.1f MiB, limit %.0f MiB), "
         "separable %.3g weighted MACs (x%.1f)", choice, tuple(value_shape), rows, cols, num_atoms, device.type,
-        " with autograd" if requires_grad else "", dense_cost, matrix_bytes / 2**20, DENSE_MAX_MATRIX_BYTES / 2**20,
-        separable_cost, separable_overhead,
+        " with autograd" if requires_grad else "", " and a cached A" if matrix_cached else "", dense_cost,
+        matrix_bytes / 2**20, DENSE_MAX_MATRIX_BYTES / 2**20, separable_cost, separable_overhead,
     )
     return choice
 
 
+def _fused_kernel_runs(
+    device: torch.device, dtype: torch.dtype, head_dim: int, requires_grad: bool, transformed: bool
+) -> bool:
+    """Whether ``auto`` may take the ``triton`` kernel for fixed kernels: on CUDA, where its
+    ``can_run`` says it runs, outside graph capture and ``torch.func`` transforms
+    (:func:`choose_backend`). Asks Triton only for a CUDA device."""
+    if device.type != "cuda" or transformed or capturing_graph():
+        return False
+    return BACKENDS["triton"].can_run(device, dtype, head_dim, False, requires_grad)
+
+
 # ----------------------------------------------------------------------------- helpers
-def _differentiated(*tensors: Tensor) -> bool:
-    """Whether autograd records work on ``tensors``, or a ``torch.func`` transform (``vmap``,
-    ``jacrev``, ...; the Lipschitz analysis) wraps them: either way the forward-only ``cpp``
-    kernels, which read raw memory, must not run."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return True
-    return functorch_wrapped(*tensors)
+def _recorded(*tensors: Tensor) -> bool:
+    """Whether autograd records work on ``tensors``. With a ``torch.func`` transform
+    (``vmap``, ``jacrev``, ...; the Lipschitz analysis) wrapping them
+    (:func:`ssog.ops.capture.functorch_wrapped`), it is ``requires_grad`` of
+    :func:`choose_backend`: either way the forward-only ``cpp`` kernels, which read raw
+    memory, must not run."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _debug(message: str, *args: object) -> None:
