@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 # Cost model of choose_backend (multiply-adds; docs/results/operator.md).
 #: Element-wise work of building one entry of the dense ``A``, in multiply-adds.
 DENSE_BUILD_MACS_PER_ENTRY = 8
-#: Dense is considered only while one head's ``A`` (fp32) stays within this many bytes.
+#: Dense is considered only while ``A`` of all heads (fp32) stays within this many bytes.
 DENSE_MAX_MATRIX_BYTES = 16 * 2**20
 #: Weight of the separable path's many small GEMMs against one large one, fitted to
 #: ``ssog bench-op`` on a CPU: forward only, and with autograd (more small GEMMs).
