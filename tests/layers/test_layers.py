@@ -337,6 +337,25 @@ def test_timm_attention_arguments_are_honoured():
     torch.testing.assert_close(attn(x), expected)
 
 
+@pytest.mark.parametrize("steer", [(), ("mu",)])
+def test_the_layer_never_checks_its_parameters_values_on_the_host(monkeypatch, steer):
+    """The value checks read the parameters on the host, a synchronisation per call on a GPU:
+    the layer's parameters are right by construction, so neither the dropout path in training
+    nor the inference matrix runs them."""
+    import ssog.ops.functional as functional
+
+    def refuse(*args):
+        raise AssertionError("the layer checked its parameters' values")
+
+    monkeypatch.setattr(functional, "check_parameter_values", refuse)
+    layer = SSoGAttention(DIM, HEADS, steer=steer, steer_gate_init=0.0, attn_drop=0.25).double()
+    x = tokens()
+    layer(x, grid_size=GRID).sum().backward()
+    layer.eval()
+    with torch.no_grad():
+        layer(x, grid_size=GRID)
+
+
 def test_the_grid_is_given_or_its_need_named():
     """Without a grid (timm's call) the layer refuses, even where the tokens would make a square
     after its prefix tokens: it cannot tell that square from another grid of as many patches."""

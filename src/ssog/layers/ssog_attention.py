@@ -15,7 +15,7 @@ from ..ops import ssog_matrix
 from ..ops.backends import apply_fixed_matrix
 from ..ops.capture import capturing_graph
 from ..ops.checks import MAX_CENTRE_OFFSET, check_steer, check_tokens
-from ..ops.functional import choose_backend, forced_backend_name, mix_unchecked
+from ..ops.functional import choose_backend, forced_backend_name, matrix_unchecked, mix_unchecked
 from ..ops.registry import check_backend
 from ._tokens import prefix_mean_rows, refuse_torchscript
 from .options import check_heads, check_integer, check_number, check_probability
@@ -406,7 +406,7 @@ class SSoGAttention(nn.Module):
             patch_out.copy_(apply_fixed_matrix(matrix, patch_values))
         elif self.training and self.attn_drop.p > 0:
             mu, sigma, weight = self.mixture(x[:, prefix:])
-            matrix = ssog_matrix(mu, sigma, weight, grid_size).expand(batch, heads, -1, -1)
+            matrix = matrix_unchecked(mu, sigma, weight, grid_size).expand(batch, heads, -1, -1)
             patch_out.copy_(self.attn_drop(matrix).to(patch_values.dtype) @ patch_values)
         else:
             mu, sigma, weight = self.mixture(x[:, prefix:])
@@ -455,7 +455,7 @@ class SSoGAttention(nn.Module):
             return None
         key = (tuple(grid_size), values.device, values.dtype, self._mixture_key())
         if self._matrix_cache is None or self._matrix_cache[0] != key:
-            matrix = ssog_matrix(self.mu, self.sigma(), self.weight(), grid_size).to(values.dtype)
+            matrix = matrix_unchecked(self.mu, self.sigma(), self.weight(), grid_size).to(values.dtype)
             self._matrix_cache = (key, matrix)
         return self._matrix_cache[1]
 

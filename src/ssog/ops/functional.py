@@ -86,10 +86,17 @@ def ssog_matrix(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int,
     (float64 for float64 input).
     """
     grid_size = check_grid(grid_size)
-    steered = check_parameters(mu, sigma, weight, grid_size, batch_heads=None)
+    check_parameters(mu, sigma, weight, grid_size, batch_heads=None)
     check_parameter_values(mu, sigma, weight, grid_size)
+    return matrix_unchecked(mu, sigma, weight, grid_size)
+
+
+def matrix_unchecked(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    """:func:`ssog_matrix` without its checks, which read the parameters' values on the host
+    (on a GPU, a synchronisation per call): for callers whose parameters are right by
+    construction (:class:`ssog.layers.SSoGAttention`), as :func:`mix_unchecked` is for mixing."""
     mu, sigma, weight = in_kernel_precision(mu, sigma, weight, mu.dtype)
-    if steered:
+    if mu.dim() == 5:  # steered: (B, H, N, R, 2)
         return steered_backends.steered_matrix(mu, sigma, weight, grid_size)
     return backends.fixed_matrix(*fixed_kernel_pair(mu, sigma, weight, grid_size))
 
