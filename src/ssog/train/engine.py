@@ -69,7 +69,7 @@ def _scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epo
     step (plateau, which watches validation metrics, every epoch); with the number of epochs the
     schedule runs (``epochs`` + ``cooldown_epochs``, or more with warmup_prefix / cycles)."""
     per_epoch = cfg.sched == "plateau"
-    # unset, timm's own default: timm before 1.0.20 or so multiplies decay_epochs unchecked
+    # unset, timm's own default: timm before 1.0.31 multiplies decay_epochs unchecked
     decay: dict[str, Any] = {} if cfg.decay_epochs is None else {"decay_epochs": cfg.decay_epochs}
     try:
         return create_scheduler_v2(
