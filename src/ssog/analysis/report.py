@@ -1,5 +1,5 @@
-"""Tables of the analyses' results: plain text for the terminal, and, for the sinks and the
-kernels, the same rows as CSV and a Markdown table (:data:`TABLE_ROWS`, :func:`csv_table`,
+"""Tables of the analyses' results: plain text for the terminal, and, for the sinks, the
+kernels and the steering, the same rows as CSV and a Markdown table (:data:`TABLE_ROWS`, :func:`csv_table`,
 :func:`markdown_table`) for a paper's or a README's table."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .loading import source_folder
 
 __all__ = [
     "TABLE_ROWS", "csv_table", "field_table", "kernels_rows", "kernels_table", "lipschitz_table", "markdown_table",
-    "sinks_rows", "sinks_table",
+    "sinks_rows", "sinks_table", "steering_rows", "steering_table",
 ]
 
 #: A table's header and rows (cells as text).
@@ -127,5 +127,25 @@ def field_table(results: Sequence[dict[str, Any]]) -> str:
     return _table(header, rows)
 
 
+def steering_rows(results: Sequence[dict[str, Any]]) -> Rows:
+    """How far steering moves each steered mixer's mixture: one row per mixer, each move as
+    "mean (largest head)", ``-`` for a parameter the mixer does not steer."""
+    header = ["model", "mixer", "applications", "gates open", "|d mu| tokens", "|log sigma ratio|", "weights TV"]
+    rows = []
+    for r in results:
+        for m in r["mixers"]:
+            gates = " ".join(f"{part} {_number(value, 2)}" for part, value in m["gates"].items())
+            moves = [f"{_number(m[key])} ({_number(m[key + '_top_head'])})" if key in m else "-"
+                     for key in ("mu_shift", "sigma_log_ratio", "weight_tv")]
+            rows.append([_label(r), m["module"], str(m["applications"]), gates, *moves])
+    return header, rows
+
+
+def steering_table(results: Sequence[dict[str, Any]]) -> str:
+    """:func:`steering_rows` as a terminal table."""
+    return _table(*steering_rows(results))
+
+
 #: The analyses whose rows are also written as ``<analysis>.csv`` and ``<analysis>.md``.
-TABLE_ROWS: dict[str, Callable[[Sequence[dict[str, Any]]], Rows]] = {"sinks": sinks_rows, "kernels": kernels_rows}
+TABLE_ROWS: dict[str, Callable[[Sequence[dict[str, Any]]], Rows]] = {"sinks": sinks_rows, "kernels": kernels_rows,
+                                                                       "steering": steering_rows}

@@ -1,6 +1,6 @@
 """The three analyses end to end: load each model, compute, write JSON (and figures).
 
-What ``ssog analyze sinks|lipschitz|kernels`` calls; each function returns one result per
+What ``ssog analyze sinks|lipschitz|kernels|steering|field`` calls; each function returns one result per
 model, with the model's identity (:meth:`AnalysisModel.describe`) merged in.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from .lipschitz import DEFAULT_SCALES, lipschitz_analysis
 from .loading import AnalysisModel, data_name, image_batches, iter_models, source_folder
 from .report import TABLE_ROWS, csv_table, markdown_table
 from .sinks import sink_diagnostics
+from .steering import steering_moves
 
-__all__ = ["DTYPES", "OUTPUTS", "run_field", "run_kernels", "run_lipschitz", "run_sinks"]
+__all__ = ["DTYPES", "OUTPUTS", "run_field", "run_kernels", "run_lipschitz", "run_sinks", "run_steering"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -32,6 +33,7 @@ OUTPUTS = {
     "lipschitz": ("lipschitz.json", "lipschitz.png"),
     "kernels": ("kernels.json", "kernels.csv", "kernels.md", "kernels_*.png"),
     "field": ("field.json", "field.png"),
+    "steering": ("steering.json", "steering.csv", "steering.md"),
 }
 
 
@@ -204,4 +206,32 @@ def run_kernels(
         return result
 
     return _for_each_model("kernels", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
+                           output=output, overwrite=overwrite)
+
+
+def run_steering(
+    models: Sequence[str] = (),
+    checkpoints: Sequence[str | Path] = (),
+    *,
+    data: str | None = None,
+    data_dir: str | None = None,
+    val_split: float | int | str | None = None,
+    split_seed: int | None = None,
+    num_images: int = 256,
+    ema: bool = False,
+    seed: int = 0,
+    device: str = "auto",
+    output: str | Path | None = None,
+    overwrite: bool = False,
+) -> list[dict[str, Any]]:
+    """How far steering moves each steered mixer's mixture
+    (:func:`~ssog.analysis.steering.steering_moves`) on ``num_images`` validation images, in one
+    forward pass; ``output/steering.json``, ``.csv`` and ``.md`` (earlier ones there are refused
+    unless ``overwrite``)."""
+
+    def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
+        images = _images(loaded, data, data_dir, num_images, seed, dict(val_split=val_split, split_seed=split_seed))
+        return {**_identity(loaded, data), **steering_moves(loaded.model, images)}
+
+    return _for_each_model("steering", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
                            output=output, overwrite=overwrite)

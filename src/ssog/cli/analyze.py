@@ -1,4 +1,4 @@
-"""``ssog analyze sinks|lipschitz|kernels|field``: diagnostics of trained or random models."""
+"""``ssog analyze sinks|lipschitz|kernels|steering|field``: diagnostics of trained or random models."""
 from __future__ import annotations
 
 import argparse
@@ -53,7 +53,8 @@ def _data(parser: argparse.ArgumentParser, num_images: int) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "analyze", help="attention sinks (Table 5), Lipschitz constants, learned SSoG kernels, ODE field branches",
+        "analyze",
+        help="attention sinks (Table 5), Lipschitz constants, learned SSoG kernels, steering, ODE field branches",
         description="Diagnostics of checkpoints (--checkpoint) and random models (--model), one row per model.",
     )
     commands = parser.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
@@ -91,6 +92,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _common(kernels)
     kernels.set_defaults(func=run_kernels)
+
+    steering = commands.add_parser(
+        "steering", help="how far query steering moves the Gaussian mixtures of steered SSoG mixers",
+        description="For each steered SSoG mixer, over one forward pass: its gates' open fraction and the mean "
+                    "move of the steered centres (tokens), widths (|log ratio|) and weights (total variation) "
+                    "from the fixed mixture, with the largest head's. Writes steering.json, .csv and .md.",
+    )
+    _common(steering)
+    _data(steering, 256)
+    steering.set_defaults(func=run_steering)
 
     field = commands.add_parser(
         "field", help="the continuous (ODE-ViT) vector field's gated branches along the flow",
@@ -139,6 +150,16 @@ def run_kernels(args: argparse.Namespace) -> int:
     results = analyse(**_sources(args))
     print(kernels_table(results))
     print(f"\nwrote {args.output / 'kernels.json'} and " + ", ".join(r["figure"] for r in results))
+    return 0
+
+
+def run_steering(args: argparse.Namespace) -> int:
+    from ssog.analysis import run_steering as analyse, steering_table
+
+    results = analyse(**_sources(args), **_images(args))
+    print(steering_table(results))
+    print("\nmoves from the fixed mixture: mean over images, queries and heads (largest head's in brackets)")
+    print(f"wrote {args.output / 'steering.json'}")
     return 0
 
 
