@@ -101,6 +101,7 @@ def test_command_writes_the_table_of_a_trained_steered_model(tmp_path, capsys):
                            "| weights TV |")
     assert len(markdown) == 4 and "mu 0.5 sigma 0.5 lambda 0.5" in markdown[2]
     assert f"{result['mixers'][0]['mu_shift']:.3g}" in printed
+    assert (out / "steering.png").read_bytes()[:4] == b"\x89PNG"
     again = main(["analyze", "steering", "--checkpoint", str(tmp_path / "run"), "--device", "cpu",
                   "--output", str(out)])
     assert again != 0 and "--overwrite" in capsys.readouterr().err  # an earlier result is kept

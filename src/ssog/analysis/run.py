@@ -33,7 +33,7 @@ OUTPUTS = {
     "lipschitz": ("lipschitz.json", "lipschitz.png"),
     "kernels": ("kernels.json", "kernels.csv", "kernels.md", "kernels_*.png"),
     "field": ("field.json", "field.png"),
-    "steering": ("steering.json", "steering.csv", "steering.md"),
+    "steering": ("steering.json", "steering.csv", "steering.md", "steering.png"),
 }
 
 
@@ -226,12 +226,16 @@ def run_steering(
 ) -> list[dict[str, Any]]:
     """How far steering moves each steered mixer's mixture
     (:func:`~ssog.analysis.steering.steering_moves`) on ``num_images`` validation images, in one
-    forward pass; ``output/steering.json``, ``.csv`` and ``.md`` (earlier ones there are refused
-    unless ``overwrite``)."""
+    forward pass; ``output/steering.json``, ``.csv``, ``.md`` and ``steering.png`` (earlier ones
+    there are refused unless ``overwrite``)."""
 
     def analyse(_: int, loaded: AnalysisModel) -> dict[str, Any]:
         images = _images(loaded, data, data_dir, num_images, seed, dict(val_split=val_split, split_seed=split_seed))
         return {**_identity(loaded, data), **steering_moves(loaded.model, images)}
 
-    return _for_each_model("steering", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
-                           output=output, overwrite=overwrite)
+    results = _for_each_model("steering", analyse, models, checkpoints, ema=ema, seed=seed, device=device,
+                              output=output, overwrite=overwrite)
+    if output is not None:
+        from .plots import plot_steering  # matplotlib: only when figures are written
+        plot_steering(results, Path(output) / "steering.png")
+    return results

@@ -97,7 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "steering", help="how far query steering moves the Gaussian mixtures of steered SSoG mixers",
         description="For each steered SSoG mixer, over one forward pass: its gates' open fraction and the mean "
                     "move of the steered centres (tokens), widths (|log ratio|) and weights (total variation) "
-                    "from the fixed mixture, with the largest head's. Writes steering.json, .csv and .md.",
+                    "from the fixed mixture, with the largest head's. Writes steering.json, .csv, .md "
+                    "and steering.png.",
     )
     _common(steering)
     _data(steering, 256)
@@ -159,7 +160,7 @@ def run_steering(args: argparse.Namespace) -> int:
     results = analyse(**_sources(args), **_images(args))
     print(steering_table(results))
     print("\nmoves from the fixed mixture: mean over images, queries and heads (largest head's in brackets)")
-    print(f"wrote {args.output / 'steering.json'}")
+    print(f"wrote {args.output / 'steering.json'} and {args.output / 'steering.png'}")
     return 0
 
 
