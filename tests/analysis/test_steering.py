@@ -105,3 +105,21 @@ def test_command_writes_the_table_of_a_trained_steered_model(tmp_path, capsys):
     again = main(["analyze", "steering", "--checkpoint", str(tmp_path / "run"), "--device", "cpu",
                   "--output", str(out)])
     assert again != 0 and "--overwrite" in capsys.readouterr().err  # an earlier result is kept
+
+
+def test_the_script_measures_a_fresh_model_of_a_runs_recipe(tmp_path, tiny_config, run_child, ssog_cli):
+    """scripts/steering_at_init.py: a fresh model of the run's config, on its validation images."""
+    import sys
+
+    from ssog.train import train
+
+    config = tiny_config(tmp_path / "run", epochs=1, val_split=16)
+    config.model_kwargs = {**config.model_kwargs, "steer": ["mu"], "steer_gate_init": 0.0}
+    train(config)
+    script = ssog_cli.repo / "scripts" / "steering_at_init.py"
+    done = run_child([sys.executable, str(script), str(tmp_path / "run"), "--num-images", "8"], 120,
+                     env=ssog_cli.env())
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "(run at init)" in line]
+    assert len(rows) == 2 and all("mu 0.5" in row for row in rows), done.stdout
+    assert all(row.split()[-2:] == ["-", "-"] for row in rows)  # sigma, lambda: not steered
