@@ -12,6 +12,7 @@ from torch import nn
 
 from ..files import save_figure
 from .kernels import kernel_maps, ssog_modules
+from .steering import MOVE_LABELS
 
 __all__ = ["plot_field", "plot_kernels", "plot_lipschitz", "plot_steering", "TARGETS"]
 
@@ -82,10 +83,6 @@ def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-#: The panels of :func:`plot_steering`: a move's key and its axis label.
-STEERING_PANELS = {"mu_shift": "|d mu| (tokens)", "sigma_log_ratio": "|log sigma ratio|", "weight_tv": "weights TV"}
-
-
 def plot_steering(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """How far steering moves the mixtures, one colour per model, against the steered mixer
     (in model order): the gates' open fraction (mean over the steered parameters), then one
@@ -94,20 +91,20 @@ def plot_steering(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ``results``: :func:`ssog.analysis.steering.steering_moves` outputs, each with a ``label``.
     """
     fig = Figure(figsize=(14, 3.6 + 0.2 * len(results)))
-    gates, *moves = fig.subplots(1, 1 + len(STEERING_PANELS))
+    gates, *moves = fig.subplots(1, 1 + len(MOVE_LABELS))
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, result in enumerate(results):
         color, mixers = colors[i % len(colors)], result["mixers"]
         where = range(len(mixers))
         gates.plot(where, [sum(m["gates"].values()) / len(m["gates"]) for m in mixers], "-o", color=color, ms=3,
                    label=result["label"])
-        for ax, key in zip(moves, STEERING_PANELS):
+        for ax, key in zip(moves, MOVE_LABELS):
             mean = [m.get(key, math.nan) for m in mixers]
             top = [m.get(f"{key}_top_head", math.nan) for m in mixers]
             ax.plot(where, mean, "-o", color=color, ms=3)
             ax.plot(where, top, "--", color=color, alpha=0.6)
     gates.set(ylabel="gate open, sigmoid(alpha)", yscale="log", title="steering gates")
-    for ax, label in zip(moves, STEERING_PANELS.values()):
+    for ax, label in zip(moves, MOVE_LABELS.values()):
         ax.set(ylabel=label, title=label)
     for ax in (gates, *moves):
         ax.set_xlabel("steered mixer (block, in order)")

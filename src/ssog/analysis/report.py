@@ -8,6 +8,7 @@ import io
 from typing import Any, Callable, Sequence
 
 from .loading import source_folder
+from .steering import MOVE_LABELS
 
 __all__ = [
     "TABLE_ROWS", "csv_table", "field_table", "kernels_rows", "kernels_table", "lipschitz_table", "markdown_table",
@@ -130,13 +131,13 @@ def field_table(results: Sequence[dict[str, Any]]) -> str:
 def steering_rows(results: Sequence[dict[str, Any]]) -> Rows:
     """How far steering moves each steered mixer's mixture: one row per mixer, each move as
     "mean (largest head)", ``-`` for a parameter the mixer does not steer."""
-    header = ["model", "mixer", "applications", "gates open", "|d mu| tokens", "|log sigma ratio|", "weights TV"]
+    header = ["model", "mixer", "applications", "gates open", *MOVE_LABELS.values()]
     rows = []
     for r in results:
         for m in r["mixers"]:
             gates = " ".join(f"{part} {_number(value, 2)}" for part, value in m["gates"].items())
             moves = [f"{_number(m[key])} ({_number(m[key + '_top_head'])})" if key in m else "-"
-                     for key in ("mu_shift", "sigma_log_ratio", "weight_tv")]
+                     for key in MOVE_LABELS]
             rows.append([_label(r), m["module"], str(m["applications"]), gates, *moves])
     return header, rows
 

@@ -1,4 +1,4 @@
-"""The three analyses end to end: load each model, compute, write JSON (and figures).
+"""The analyses end to end: load each model, compute, write JSON (and figures).
 
 What ``ssog analyze sinks|lipschitz|kernels|steering|field`` calls; each function returns one result per
 model, with the model's identity (:meth:`AnalysisModel.describe`) merged in.

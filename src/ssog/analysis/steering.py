@@ -23,10 +23,12 @@ from torch import Tensor, nn
 from .capture import on_mixer_calls
 from .kernels import ssog_modules
 
-__all__ = ["MOVES", "mixture_moves", "steering_moves"]
+__all__ = ["MOVE_LABELS", "MOVES", "mixture_moves", "steering_moves"]
 
 #: The steered parameter each move measures.
 MOVES = {"mu_shift": "mu", "sigma_log_ratio": "sigma", "weight_tv": "lambda"}
+#: Each move's name in tables and figures.
+MOVE_LABELS = {"mu_shift": "|d mu| tokens", "sigma_log_ratio": "|log sigma ratio|", "weight_tv": "weights TV"}
 
 
 def mixture_moves(
