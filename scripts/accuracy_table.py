@@ -12,7 +12,8 @@ each run's config.yaml) and draws their last-epoch Acc@1 and SSoG's margin again
 training length. `--paper-table` prints the paper's layout instead: per family, width, token
 grid and length, each operator setting (MHA; SSoG fixed or steered) with its seeds averaged:
 parameters, forward GFLOPs per image, Acc@1, Acc@5, SSoG's margin over MHA and its parameter
-saving. Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
+saving (where MHA ran at several learning rates, over its best one; rows of one operator name
+the settings that set them apart). Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
 `config.yaml`.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -155,10 +157,13 @@ def paired_acc1(runs: list[Path]) -> dict[tuple[str, str], list[tuple[int, float
     return pairs
 
 
+def _setting_of(config: dict) -> dict:
+    """A run's config without its seed and output: runs that share it are seeds of one row."""
+    return {k: v for k, v in config.items() if k not in ("seed", "output", "overwrite")}
+
+
 def _identity(config: dict) -> str:
-    """A run's setting without its seed and output: runs that share it are seeds of one row."""
-    return json.dumps({k: v for k, v in config.items() if k not in ("seed", "output", "overwrite")}, sort_keys=True,
-                      default=str)
+    return json.dumps(_setting_of(config), sort_keys=True, default=str)
 
 
 def _operator_label(config: dict, operator: str) -> str:
@@ -210,27 +215,63 @@ def _operator_rows(runs: list[Path]) -> dict[str, dict]:
         summary = json.loads((run / "summary.json").read_text())
         width = (config.get("model_kwargs") or {}).get("embed_dim", "preset")
         row = rows.setdefault(_identity(config), {
-            "group": (family, width, grid, epochs), "label": _operator_label(config, operator),
-            "params": summary["params"], "gflops": _gflops(config, _num_classes(config, summary)), "acc1": [],
-            "acc5": []})
+            "group": (family, width, grid, epochs), "operator": operator,
+            "label": _operator_label(config, operator), "config": config, "params": summary["params"],
+            "gflops": _gflops(config, _num_classes(config, summary)), "acc1": [], "acc5": []})
         row["acc1"].append(last["acc1"])
         row["acc5"].append(last["acc5"])
     return rows
 
 
 def _groups(rows: dict[str, dict]) -> list[tuple[tuple, list[dict], dict | None]]:
-    """[(group, its rows sorted by label, its MHA row or None)], groups ordered by family, width,
-    token grid and length."""
+    """[(group, its rows sorted by label, its baseline MHA row or None)], groups ordered by family,
+    width, token grid and length. Where a group holds one operator setting several times (at
+    several learning rates, say), each such row's label names what sets it apart, and the baseline
+    is the best MHA row by mean Acc@1 (each operator at its best rate, as the sweeps choose them)."""
     groups = sorted({row["group"] for row in rows.values()}, key=lambda g: (g[0], str(g[1]).zfill(6), *g[2:]))
     result = []
     for group in groups:
-        members = sorted((row for row in rows.values() if row["group"] == group), key=lambda r: r["label"])
-        result.append((group, members, next((row for row in members if row["label"] == "MHA"), None)))
+        members = [row for row in rows.values() if row["group"] == group]
+        for label in {row["label"] for row in members}:
+            _name_differences([row for row in members if row["label"] == label])
+        members.sort(key=lambda r: r["label"])
+        mha = [row for row in members if row["operator"] == "mha"]
+        result.append((group, members, max(mha, key=lambda r: _mean(r["acc1"])) if mha else None))
     return result
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{"model_kwargs.embed_dim": 64, ...}: a config's settings, nested ones by dotted name."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _name_differences(rows: list[dict]) -> None:
+    """Appends to each row's label the settings (seed aside) in which rows of one label differ,
+    e.g. ``MHA, lr 0.002``."""
+    if len(rows) < 2:
+        return
+    flats = [_flat(_setting_of(row["config"])) for row in rows]
+    keys = sorted({key for flat in flats for key in flat})
+    differing = [key for key in keys if len({json.dumps(flat.get(key), default=str) for flat in flats}) > 1]
+    for row, flat in zip(rows, flats):
+        values = (flat.get(key) for key in differing)
+        row["label"] += "".join(f", {key} {value:g}" if isinstance(value, float) else f", {key} {value}"
+                                for key, value in zip(differing, values))
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _is_compared(row: dict, baseline: dict | None) -> bool:
+    """Whether the row gets a margin over the baseline: every SSoG row of a group with an MHA row."""
+    return baseline is not None and row["operator"] != "mha"
 
 
 def paper_table(runs: list[Path]) -> list[str]:
@@ -239,7 +280,7 @@ def paper_table(runs: list[Path]) -> list[str]:
              "| margin |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for group, members, baseline in _groups(_operator_rows(runs)):
         for row in members:
-            is_ssog = baseline is not None and row is not baseline
+            is_ssog = _is_compared(row, baseline)
             saving = f"{1 - row['params'] / baseline['params']:.1%}" if is_ssog else ""
             margin = f"{_mean(row['acc1']) - _mean(baseline['acc1']):+.2f}" if is_ssog else ""
             seeds = ", ".join(f"{a:.2f}" for a in row["acc1"]) if len(row["acc1"]) > 1 else "1"
@@ -300,7 +341,7 @@ def setting_margin_plot(runs: list[Path], path: Path, title: str, goals: dict[st
             print(f"note: {family} width {width} {grid} tokens has no MHA run: not in the margin plot")
             continue
         for row in members:
-            if row is not baseline:
+            if _is_compared(row, baseline):
                 seeds = [acc - _mean(baseline["acc1"]) for acc in row["acc1"]]
                 bars.append((f"{family}\nw{width} {grid}\n{epochs} ep", row["label"], _mean(seeds), seeds,
                              goals.get(family)))

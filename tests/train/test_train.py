@@ -138,11 +138,11 @@ def test_margin_plot_pairs_runs_by_family_grid_and_length(tmp_path, capsys):
 
 
 def test_paper_table_averages_seeds_and_plots_each_settings_margin(tmp_path, capsys):
-    def fake_run(name, model, acc1, seed=0, epochs=2, **kwargs):
+    def fake_run(name, model, acc1, seed=0, epochs=2, lr=4e-3, **kwargs):
         run = tmp_path / name
         run.mkdir()
         (run / "config.yaml").write_text(json.dumps({"model": model, "model_kwargs": {"embed_dim": 64} | kwargs,
-                                                     "img_size": 32, "epochs": epochs, "seed": seed}))
+                                                     "img_size": 32, "epochs": epochs, "seed": seed, "lr": lr}))
         (run / "log.jsonl").write_text("".join(json.dumps({"epoch": e + 1, "acc1": acc1 - 1 + e, "acc5": 90.0})
                                                + "\n" for e in range(2)))
         (run / "summary.json").write_text(json.dumps({"params": 1000 if model.startswith("mha") else 900,
@@ -163,6 +163,13 @@ def test_paper_table_averages_seeds_and_plots_each_settings_margin(tmp_path, cap
         ["MHA", "40.00, 42.00", "1,000", "", "41.00", "90.00", ""],
         ["SSoG", "44.00, 45.00", "900", "10.0%", "44.50", "90.00", "+3.50"],
         ["SSoG steer mu (cold)", "1", "900", "10.0%", "40.00", "90.00", "-1.00"]]
+    # MHA at a second rate: each MHA row names its rate, and SSoG's margin is over the better one
+    retuned = fake_run("m_lr", "mha_vit_tiny_patch4_32", 43.0, lr=2e-3)
+    vit = [[cell.strip() for cell in line.strip("|").split("|")]
+           for line in table.paper_table(runs + [retuned]) if line.startswith("| vit |")]
+    assert [row[4:6] + row[11:] for row in vit] == [
+        ["MHA, lr 0.002", "1", ""], ["MHA, lr 0.004", "40.00, 42.00", ""], ["SSoG", "44.00, 45.00", "+1.50"],
+        ["SSoG steer mu (cold)", "1", "-3.00"]]
     table.setting_margin_plot(runs, tmp_path / "margins.png", "fake", {"vit": 2.0})
     assert (tmp_path / "margins.png").stat().st_size > 0
     assert "note: loopvit width 64 8x8 tokens has no MHA run: not in the margin plot" in capsys.readouterr().out
