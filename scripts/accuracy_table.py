@@ -251,6 +251,10 @@ def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# Where and how a run ran, not what it trained: left out of a label (still apart as rows).
+_WHERE_RUN = ("data_dir", "device", "progress", "threads", "num_workers")
+
+
 def _name_differences(rows: list[dict]) -> None:
     """Appends to each row's label the settings (seed aside) in which rows of one label differ,
     e.g. ``MHA, lr 0.002``."""
@@ -258,7 +262,8 @@ def _name_differences(rows: list[dict]) -> None:
         return
     flats = [_flat(_setting_of(row["config"])) for row in rows]
     keys = sorted({key for flat in flats for key in flat})
-    differing = [key for key in keys if len({json.dumps(flat.get(key), default=str) for flat in flats}) > 1]
+    differing = [key for key in keys if key not in _WHERE_RUN
+                 and len({json.dumps(flat.get(key), default=str) for flat in flats}) > 1]
     for row, flat in zip(rows, flats):
         values = (flat.get(key) for key in differing)
         row["label"] += "".join(f", {key} {value:g}" if isinstance(value, float) else f", {key} {value}"
