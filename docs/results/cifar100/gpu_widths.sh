@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CIFAR-100 runs on one CUDA device, all at once (MPS where it starts): by default what the width
-# axis still needs, the width-128 rate check's outer points, the same check at width 192 and
-# MHA's width rows at the width-128 check's rate. Each run is `ssog train --config
+# axis still needs, MHA's width-192 row at the width-192 check's best rate (1e-3), that check's
+# lower point and SSoG's width-192 check. Each run is `ssog train --config
 # configs/cifar100.yaml --variant V` unchanged, with --device cuda. From the repository's root:
 #   bash docs/results/cifar100/gpu_widths.sh TARBALL OUTPUT_DIR DEADLINE_S [VARIANT ...]
 # TARBALL: cifar100-train.tar.gz; OUTPUT_DIR gets widths.tgz (each run's config, log, summary
@@ -13,9 +13,8 @@
 set -u
 tarball=$1; out=$2; deadline=$3; shift 3
 variants=("$@")
-[[ ${#variants[@]} -gt 0 ]] || variants=(sweep_vit_mha_w128_lr1e-3 sweep_vit_ssog_w128_lr3.2e-2
-    sweep_vit_mha_w192_lr1e-3 sweep_vit_mha_w192_lr2e-3 sweep_vit_ssog_w192_lr8e-3
-    sweep_vit_ssog_w192_lr1.6e-2 vit_mha_w128_lr2e-3 vit_mha_w192_lr2e-3)
+[[ ${#variants[@]} -gt 0 ]] || variants=(vit_mha_w192_lr1e-3 sweep_vit_mha_w192_lr5e-4
+    sweep_vit_ssog_w192_lr8e-3 sweep_vit_ssog_w192_lr1.6e-2)
 python=${PYTHON:-python3}
 start=$(date +%s)
 work=$(mktemp -d)
