@@ -203,7 +203,8 @@ def _gflops(config: dict, num_classes: int) -> float:
 def _operator_rows(runs: list[Path]) -> dict[str, dict]:
     """{setting: row}: each operator setting of the finished runs (seeds of one setting share a row),
     with its group (family, width, token grid, epochs), label, parameters, GFLOPs and the last
-    epoch's Acc@1 and Acc@5 of each seed."""
+    epoch's Acc@1 and Acc@5 of each seed. Where a group holds one operator setting several times
+    (at several learning rates, say), each such row's label names what sets it apart."""
     rows: dict[str, dict] = {}
     for run in runs:
         config = yaml.safe_load((run / "config.yaml").read_text())
@@ -220,21 +221,19 @@ def _operator_rows(runs: list[Path]) -> dict[str, dict]:
             "gflops": _gflops(config, _num_classes(config, summary)), "acc1": [], "acc5": []})
         row["acc1"].append(last["acc1"])
         row["acc5"].append(last["acc5"])
+    for group, label in {(row["group"], row["label"]) for row in rows.values()}:
+        _name_differences([row for row in rows.values() if (row["group"], row["label"]) == (group, label)])
     return rows
 
 
 def _groups(rows: dict[str, dict]) -> list[tuple[tuple, list[dict], dict | None]]:
     """[(group, its rows sorted by label, its baseline MHA row or None)], groups ordered by family,
-    width, token grid and length. Where a group holds one operator setting several times (at
-    several learning rates, say), each such row's label names what sets it apart, and the baseline
-    is the best MHA row by mean Acc@1 (each operator at its best rate, as the sweeps choose them)."""
+    width, token grid and length. The baseline is the best MHA row by mean Acc@1 (each operator at
+    its best rate, as the sweeps choose them)."""
     groups = sorted({row["group"] for row in rows.values()}, key=lambda g: (g[0], str(g[1]).zfill(6), *g[2:]))
     result = []
     for group in groups:
-        members = [row for row in rows.values() if row["group"] == group]
-        for label in {row["label"] for row in members}:
-            _name_differences([row for row in members if row["label"] == label])
-        members.sort(key=lambda r: r["label"])
+        members = sorted((row for row in rows.values() if row["group"] == group), key=lambda r: r["label"])
         mha = [row for row in members if row["operator"] == "mha"]
         result.append((group, members, max(mha, key=lambda r: _mean(r["acc1"])) if mha else None))
     return result
