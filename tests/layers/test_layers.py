@@ -102,21 +102,22 @@ def test_backends_agree_inside_the_layer(backend):
     torch.testing.assert_close(layer(x, GRID), reference(x, GRID), rtol=1e-6, atol=1e-6)
 
 
-def test_inference_reuses_the_fixed_matrix_until_the_parameters_change():
+def test_inference_reuses_the_fixed_tables_until_the_parameters_change():
     from ssog.ops import forced_backend
 
     torch.manual_seed(0)
     layer = SSoGAttention(DIM, HEADS).double().eval()
     x = tokens()
-    expected = layer(x, GRID)  # with gradients: no cache, the backends' own path
+    expected = layer(x, GRID)  # with gradients: built by the op on every call, nothing kept
+    assert layer._tables_cache is None
     with torch.no_grad():
         torch.testing.assert_close(layer(x, GRID), expected)
-        cached = layer._matrix_cache[1]
+        cached = layer._tables_cache[1]
         layer(x, GRID)
-        assert layer._matrix_cache[1] is cached  # reused, not rebuilt
+        assert layer._tables_cache[1] is cached  # reused, not rebuilt
         layer.mu.add_(0.7)  # an in-place update, as an optimizer step makes
         moved = layer(x, GRID)
-    assert layer._matrix_cache[1] is not cached
+    assert layer._tables_cache[1] is not cached
     torch.testing.assert_close(moved, through_matrix(layer, x, GRID))
     with torch.no_grad():
         layer.mu.data.add_(1.5)  # bumps no version counter: the CPU key is the parameters' bytes
@@ -124,18 +125,18 @@ def test_inference_reuses_the_fixed_matrix_until_the_parameters_change():
         layer.logits.detach().numpy()[0, 0] += 2.0
         torch.testing.assert_close(layer(x, GRID), through_matrix(layer, x, GRID))
     layer.eval()  # train() and eval() drop the cache (the way out for .data edits on a GPU)
-    assert layer._matrix_cache is None
+    assert layer._tables_cache is None
     layer.load_state_dict({k: v + 0.1 if k == "rho" else v for k, v in layer.state_dict().items()})
     with torch.no_grad():
         torch.testing.assert_close(layer(x, GRID), through_matrix(layer, x, GRID))
-        layer._matrix_cache = None
+        layer._tables_cache = None
         with forced_backend("separable"):  # FLOP counting must see the separable path
             layer(x, GRID)
-        assert layer._matrix_cache is None
+        assert layer._tables_cache is None
     steered = SSoGAttention(DIM, HEADS, steer=("mu",)).double().eval()
     with torch.no_grad():
         steered(x, GRID)
-    assert steered._matrix_cache is None
+    assert steered._tables_cache is None
 
 
 def test_initial_widths_are_multiscale_and_above_floor():

@@ -392,20 +392,25 @@ def without_cpp(monkeypatch):
     monkeypatch.setattr(cpp_kernels, "takes", lambda *args: False)
 
 
-def test_registry_says_where_each_backend_runs(without_cpp):
+def test_registry_says_where_each_backend_runs(without_cpp, monkeypatch):
     from ssog.ops import BACKEND_NAMES, BACKENDS
 
-    assert BACKEND_NAMES == ("auto", "dense", "separable", "local", "cpp", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert BACKEND_NAMES == ("auto", "dense", "separable", "local", "cpp", "fused", "triton")
     cpu, meta = torch.device("cpu"), torch.device("meta")
     for name in ("dense", "separable"):
         assert BACKENDS[name].can_run(meta, torch.float64, 3, True, True)
     assert BACKENDS["local"].can_run(cpu, torch.float32, 3, True, True)
     assert not BACKENDS["local"].can_run(meta, torch.float32, 3, True, False)  # reads its windows' values
     assert not BACKENDS["cpp"].can_run(cpu, torch.float32, 16, False, False)  # no compiler (the fixture)
-    assert BACKENDS["triton"].steered is None
-    assert not BACKENDS["triton"].can_run(cpu, torch.float32, 16, True, False)
-    with pytest.raises(ValueError, match="triton backend supports fixed kernels only"):
-        BACKENDS["triton"].mixing(steered=True)
+    for device, dtype in ((cpu, torch.float32), (meta, torch.float64), (CUDA, torch.float16)):
+        assert BACKENDS["fused"].can_run(device, dtype, 3, False, True)  # the registered ops: anywhere, autograd too
+    for name in ("fused", "triton"):
+        assert BACKENDS[name].steered is None
+        assert not BACKENDS[name].can_run(cpu, torch.float32, 16, True, False)
+        with pytest.raises(ValueError, match=f"{name} backend supports fixed kernels only"):
+            BACKENDS[name].mixing(steered=True)
+    assert not BACKENDS["triton"].can_run(cpu, torch.float32, 16, False, False)  # Triton's kernels: CUDA only
 
 
 def test_auto_and_the_benchmark_ask_the_registry(monkeypatch):
@@ -418,11 +423,31 @@ def test_auto_and_the_benchmark_ask_the_registry(monkeypatch):
     monkeypatch.setitem(BACKENDS, "cpp", dataclasses.replace(BACKENDS["cpp"], can_run=lambda *args: True))
     assert choose_backend((1, 1, 4, 3), (2, 2), 1, False, cpu, requires_grad=True) == "cpp"
     monkeypatch.setitem(BACKENDS, "cpp", dataclasses.replace(BACKENDS["cpp"], can_run=lambda *args: False))
+    assert choose_backend((1, 1, 4, 16), (2, 2), 1, False, cpu) == "fused"
+    monkeypatch.setitem(BACKENDS, "fused", dataclasses.replace(BACKENDS["fused"], can_run=lambda *args: False))
     assert choose_backend((1, 1, 4, 16), (2, 2), 1, False, cpu) == "dense"
     assert set(unavailable_backends(OperatorConfig(backends=("dense", "cpp")))) == {"cpp"}
 
 
-def test_auto_picks_dense_for_small_grids_and_separable_for_large(without_cpp):
+@pytest.fixture
+def without_fused(monkeypatch):
+    """As where the registered ops may not run (``torch.export``, ``torch.jit.trace``): the cost model decides."""
+    import dataclasses
+
+    from ssog.ops import BACKENDS
+
+    monkeypatch.setitem(BACKENDS, "fused", dataclasses.replace(BACKENDS["fused"], can_run=lambda *args: False))
+
+
+def test_auto_takes_the_fused_ops_for_fixed_kernels_and_dense_rows_for_steered(without_cpp):
+    cpu = torch.device("cpu")
+    for grid in (4, 14, 32, 64):
+        for requires_grad in (False, True):
+            assert choose_backend((4, 12, grid * grid, 64), (grid, grid), 4, False, cpu, requires_grad) == "fused"
+        assert choose_backend((4, 12, grid * grid, 64), (grid, grid), 4, True, cpu) == "dense"
+
+
+def test_auto_without_the_fused_ops_picks_dense_for_small_grids_and_separable_for_large(without_cpp, without_fused):
     cpu = torch.device("cpu")
     assert choose_backend((4, 12, 16, 64), (4, 4), 4, False, cpu) == "dense"
     assert choose_backend((4, 12, 4096, 64), (64, 64), 4, False, cpu) == "separable"
@@ -444,63 +469,18 @@ def bench_shape(grid: int) -> tuple[int, int, int, int]:
     return (4, 12, grid * grid, 64)
 
 
-@pytest.fixture
-def triton_on_cuda(monkeypatch):
-    """The registry's own ``can_run`` for triton (its dtypes, fixed kernels only), as on a
-    machine with Triton and a CUDA device."""
-    from ssog.ops import triton_separable
-
-    monkeypatch.setattr(triton_separable, "available", lambda device: device.type == "cuda")
-
-
-@pytest.fixture
-def without_triton(monkeypatch):
-    import dataclasses
-
-    from ssog.ops import BACKENDS
-
-    monkeypatch.setitem(BACKENDS, "triton", dataclasses.replace(BACKENDS["triton"], can_run=lambda *args: False))
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_auto_on_cuda_takes_the_fused_kernel_without_autograd(triton_on_cuda, dtype):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_auto_on_cuda_takes_the_fused_ops_at_every_grid(dtype):
     for grid in BENCH_GRIDS:
-        assert choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, dtype=dtype) == "triton", grid
-    assert choose_backend((1, 1, 12, 8), (3, 4), 1, False, CUDA, dtype=dtype) == "triton"
+        for requires_grad in (False, True):
+            for cached in (False, True):
+                choice = choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, requires_grad,
+                                        matrix_cached=cached, dtype=dtype)
+                assert choice == "fused", (grid, requires_grad, cached)
+    assert choose_backend((1, 1, 12, 8), (3, 4), 1, False, CUDA, dtype=dtype) == "fused"
 
 
-def test_auto_on_cuda_with_autograd_takes_dense_while_a_fits_then_the_fused_kernel(triton_on_cuda):
-    picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, True, dtype=torch.float16) for g in BENCH_GRIDS]
-    assert picks == ["dense", "dense", "dense", "triton", "triton", "triton"]
-    # the model, not the grid, decides: fewer heads keep A within the limit on a larger grid
-    assert choose_backend((4, 3, 1024, 64), (32, 32), 4, False, CUDA, True, dtype=torch.float16) == "dense"
-
-
-def test_auto_on_cuda_asks_the_registry_for_the_fused_kernel(monkeypatch):
-    import dataclasses
-
-    from ssog.ops import BACKENDS
-
-    asked = []
-    monkeypatch.setitem(BACKENDS, "triton", dataclasses.replace(
-        BACKENDS["triton"], can_run=lambda *args: asked.append(args) or True))
-    assert choose_backend(bench_shape(32), (32, 32), 4, False, CUDA, True, dtype=torch.float16) == "triton"
-    assert asked == [(CUDA, torch.float16, 64, False, True)]
-    # never on a CPU, where Triton's interpreter can run it (the tests' TRITON_INTERPRET=1)
-    assert choose_backend(bench_shape(32), (32, 32), 4, False, torch.device("cpu"), True) == "separable"
-    assert len(asked) == 1
-
-
-@pytest.mark.parametrize("requires_grad", [False, True])
-def test_auto_on_cuda_without_the_fused_kernel_weighs_dense_against_separable(triton_on_cuda, requires_grad):
-    # float64: a dtype the triton kernel refuses (its can_run); dense was the faster of the
-    # two at every grid the CUDA bench timed, so the CUDA weight keeps dense wherever A fits
-    picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, requires_grad, dtype=torch.float64)
-             for g in BENCH_GRIDS]
-    assert picks == ["dense", "dense", "dense", "separable", "separable", "separable"]
-
-
-def test_auto_on_cuda_without_triton_keeps_dense_and_separable(without_triton):
+def test_auto_on_cuda_without_the_fused_ops_weighs_dense_against_separable(without_fused):
     for requires_grad in (False, True):
         picks = [choose_backend(bench_shape(g), (g, g), 4, False, CUDA, requires_grad, dtype=torch.float16)
                  for g in BENCH_GRIDS]
@@ -510,23 +490,12 @@ def test_auto_on_cuda_without_triton_keeps_dense_and_separable(without_triton):
     assert choose_backend(bench_shape(24), (24, 24), 4, False, mps, dtype=torch.float16) == "separable"
 
 
-def test_auto_on_cuda_keeps_dense_rows_for_steered_kernels(triton_on_cuda):
+def test_auto_on_cuda_keeps_dense_rows_for_steered_kernels():
     for requires_grad in (False, True):
         assert choose_backend(bench_shape(32), (32, 32), 4, True, CUDA, requires_grad, dtype=torch.float16) == "dense"
 
 
-def test_auto_on_cuda_keeps_a_cached_matrix_where_it_fits(triton_on_cuda):
-    for grid in (14, 16, 24):
-        assert choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, matrix_cached=True,
-                              dtype=torch.float16) == "dense"
-    for grid in (32, 64):  # A beyond DENSE_MAX_MATRIX_BYTES: nothing cached, the fused kernel
-        assert choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, matrix_cached=True,
-                              dtype=torch.float16) == "triton"
-    assert choose_backend(bench_shape(32), (32, 32), 4, False, CUDA, matrix_cached=True,
-                          dtype=torch.float64) == "separable"
-
-
-def test_auto_on_cuda_leaves_the_fused_kernel_out_of_torch_func_transforms(triton_on_cuda, monkeypatch):
+def test_auto_leaves_the_fused_ops_out_of_torch_func_transforms(monkeypatch):
     from ssog.ops import functional
 
     assert choose_backend(bench_shape(32), (32, 32), 4, False, CUDA, True, dtype=torch.float16,
@@ -545,34 +514,40 @@ def test_auto_on_cuda_leaves_the_fused_kernel_out_of_torch_func_transforms(trito
     assert seen == [True, False]
 
 
-def test_auto_on_cuda_stays_with_recorded_paths_under_capture(triton_on_cuda):
+def test_auto_takes_the_fused_ops_under_compile_and_recorded_paths_under_trace_and_export():
     def pick(grid: int) -> str:
         return choose_backend(bench_shape(grid), (grid, grid), 4, False, CUDA, dtype=torch.float16)
 
+    names = ["dense", "separable", "fused"]
     picked = []
 
-    def traced(x):  # torch.jit.trace: every batch, as for a cached A
+    def traced(x):  # torch.jit.trace: every batch, as for a cached A; not the registered ops
         picked.extend(pick(grid) for grid in (14, 32))
         return x + 1
 
     torch.jit.trace(traced, torch.zeros(1), check_trace=False)
     assert picked == ["dense", "separable"]
 
-    def compiled(x):  # torch.compile: the choice is a constant of the graph
-        return x + ["dense", "separable", "triton"].index(pick(14)) * 10 + ["dense", "separable", "triton"].index(
-            pick(32))
+    def compiled(x):  # torch.compile: the registered ops, one node each in the graph
+        return x + names.index(pick(14)) * 10 + names.index(pick(32))
 
-    assert torch.compile(compiled, fullgraph=True, backend="eager")(torch.zeros(1)).item() == 1
+    assert torch.compile(compiled, fullgraph=True, backend="eager")(torch.zeros(1)).item() == 22
 
     class AnyGrid(torch.nn.Module):  # torch.export, dynamic height and width: separable, for every grid
         def forward(self, x):
             grid = (x.shape[0], x.shape[1])
             choice = choose_backend((4, 12, grid[0] * grid[1], 64), grid, 4, False, CUDA, dtype=torch.float16)
-            return x + ["dense", "separable", "triton"].index(choice)
+            return x + names.index(choice)
 
     side = torch.export.Dim("side", min=2, max=64)
     exported = torch.export.export(AnyGrid(), (torch.zeros(5, 6),), dynamic_shapes={"x": {0: side, 1: side + 1}})
     assert exported.module()(torch.zeros(3, 4)).max() == 1
+
+    class FixedGrid(torch.nn.Module):  # torch.export of one grid: the cost model, not the registered ops
+        def forward(self, x):
+            return x + names.index(pick(14)) * 10 + names.index(pick(32))
+
+    assert torch.export.export(FixedGrid(), (torch.zeros(2),)).module()(torch.zeros(2)).max() == 1
 
 
 def test_forced_backend_overrides_and_restores(monkeypatch):

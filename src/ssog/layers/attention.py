@@ -64,8 +64,13 @@ class MultiHeadAttention(nn.Module):
 
     __prepare_scriptable__ = refuse_torchscript
 
-    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        """``x (B, T, dim)`` -> same shape."""
+    def prepare(self, grid_size: tuple[int, int]) -> None:
+        """Nothing: attention computes nothing per grid that a block applied several times could
+        share (the token mixers' common interface; :meth:`ssog.layers.SSoGAttention.prepare`)."""
+        return None
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int], prepared: None = None) -> Tensor:
+        """``x (B, T, dim)`` -> same shape (``prepared``: :meth:`prepare`'s, nothing)."""
         q, k, v = self._qkv(x, grid_size)
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)

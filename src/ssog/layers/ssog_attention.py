@@ -2,6 +2,7 @@
 "Definition")."""
 from __future__ import annotations
 
+import ctypes
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -11,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops import ssog_matrix
-from ..ops.backends import apply_fixed_matrix
-from ..ops.capture import capturing_graph
+from ..ops import fused, ssog_matrix
+from ..ops.capture import capturing_graph, functorch_wrapped
 from ..ops.checks import MAX_CENTRE_OFFSET, check_steer, check_tokens
-from ..ops.functional import choose_backend, forced_backend_name, matrix_unchecked, mix_unchecked
-from ..ops.registry import check_backend
+from ..ops.functional import forced_backend_name, matrix_unchecked, mix_unchecked
+from ..ops.kernels import kernel_dtype
+from ..ops.registry import BACKENDS, check_backend
 from ._tokens import prefix_mean_rows, refuse_torchscript
 from .options import check_heads, check_integer, check_number, check_probability
 
@@ -269,8 +270,8 @@ class SSoGAttention(nn.Module):
         )
         self.register_state_dict_post_hook(_state_dict_names)
         self.register_load_state_dict_pre_hook(_module_names)
-        # (key, A) of the last fixed mixing matrix built without gradients: see _inference_matrix.
-        self._matrix_cache: tuple[tuple, Tensor] | None = None
+        # (key, (ky, kx)) of the last fixed 1-D kernels built without gradients: see fixed_tables.
+        self._tables_cache: tuple[tuple, tuple[Tensor, Tensor]] | None = None
 
     @staticmethod
     def check_options(options: Mapping[str, Any]) -> None:
@@ -387,33 +388,80 @@ class SSoGAttention(nn.Module):
 
     def forward(
         self, x: Tensor, grid_size: tuple[int, int] | None = None, attn_mask: Tensor | None = None,
-        is_causal: bool = False,
+        is_causal: bool = False, prepared: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """``x (B, P + Hg*Wg, dim)`` -> same shape, on the grid ``grid_size`` (else
         :meth:`token_grid`'s). ``attn_mask`` and ``is_causal`` (timm's call) must be unset:
-        SSoG mixes by position."""
+        SSoG mixes by position. ``prepared``: what :meth:`prepare` returned for this grid, in a
+        model that applies the layer several times per forward pass."""
         if attn_mask is not None or is_causal:
             raise ValueError("SSoG mixes by position and takes no attention mask")
         grid_size = self.token_grid(x, grid_size)
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
-        prefix, heads, head_dim = self.num_prefix_tokens, self.num_heads, self.head_dim
-        values = self.v(x).view(batch, tokens, heads, head_dim)
+        values = self.v(x)
+        if self._takes_fused(values.device, values.dtype) and not functorch_wrapped(values):
+            ky, kx = prepared if prepared is not None else self.fixed_tables(grid_size)
+            out = fused.fixed_mix(values, ky, kx, self.num_prefix_tokens)  # (B, T, dim) in, (B, T, dim) out
+        else:
+            by_head = values.view(batch, tokens, self.num_heads, self.head_dim)
+            out = self._mix_by_backend(x, by_head, grid_size).view(batch, tokens, self.dim)
+        return self.proj_drop(self.proj(self.norm(out)))
+
+    def _takes_fused(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether calls on values of ``dtype`` on ``device`` mix with the registered ops
+        (:mod:`ssog.ops.fused`) in the projections' ``(B, T, H, d)`` layout: fixed kernels,
+        backend ``auto`` or ``fused`` (or ``triton`` where it runs), no attention dropout in
+        training, no :func:`ssog.ops.forced_backend`. (:meth:`forward` also leaves values that a
+        ``torch.func`` transform wraps to the other backends.)"""
+        if self.steer or (self.training and self.attn_drop.p > 0) or forced_backend_name() is not None:
+            return False
+        if self.backend not in ("auto", "fused", "triton"):
+            return False
+        name = "fused" if self.backend == "auto" else self.backend
+        return BACKENDS[name].can_run(device, dtype, self.head_dim, False, torch.is_grad_enabled())
+
+    def _mix_by_backend(self, x: Tensor, values: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """The mixer's tokens ``(B, T, H, d)`` by :func:`ssog.ops.functional.mix_unchecked` (steered
+        kernels, an explicit backend other than ``fused``), or, with attention dropout in
+        training, by the dense matrix, dropped out."""
+        batch, tokens, heads, head_dim = values.shape
+        prefix = self.num_prefix_tokens
         patch_values = values[:, prefix:].transpose(1, 2)  # (B, H, N, d)
         out = values.new_empty(batch, tokens, heads, head_dim)
         patch_out = out[:, prefix:].transpose(1, 2)  # written in place, no (B, H, N, d) copies
-        matrix = self._inference_matrix(patch_values, grid_size)
-        if matrix is not None:
-            patch_out.copy_(apply_fixed_matrix(matrix, patch_values))
-        elif self.training and self.attn_drop.p > 0:
-            mu, sigma, weight = self.mixture(x[:, prefix:])
+        mu, sigma, weight = self.mixture(x[:, prefix:])
+        if self.training and self.attn_drop.p > 0:
             matrix = matrix_unchecked(mu, sigma, weight, grid_size).expand(batch, heads, -1, -1)
             patch_out.copy_(self.attn_drop(matrix).to(patch_values.dtype) @ patch_values)
         else:
-            mu, sigma, weight = self.mixture(x[:, prefix:])
             mix_unchecked(patch_values, mu, sigma, weight, grid_size, self.backend, out=patch_out)
         if prefix:
             out[:, :prefix] = patch_values.mean(dim=2).unsqueeze(1)
-        return self.proj_drop(self.proj(self.norm(out.view(batch, tokens, self.dim))))
+        return out
+
+    def prepare(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
+        """What a model that applies this layer several times per forward pass (the looped and
+        continuous families) computes once and passes to each call as ``prepared``: the fixed
+        1-D kernels (:meth:`fixed_tables`) where the layer mixes with the registered ops, else
+        ``None``."""
+        return self.fixed_tables(grid_size) if self._takes_fused(self.mu.device, self.mu.dtype) else None
+
+    def fixed_tables(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """The fixed mixture's 1-D kernels on ``grid_size``: ``ky (H, R, Hg, Hg)`` with the mixture
+        weights folded in and ``kx (H, R, Wg, Wg)`` (float32; float64 for float64 parameters),
+        from one op (:func:`ssog.ops.fused.fixed_tables`). In inference (no gradients, outside
+        graph capture) they are kept until the parameters change (:meth:`_mixture_key`)."""
+        keep = not torch.is_grad_enabled() and not capturing_graph()
+        if keep:
+            key = (tuple(grid_size), self._mixture_key())
+            if self._tables_cache is not None and self._tables_cache[0] == key:
+                return self._tables_cache[1]
+        dtype = kernel_dtype(self.mu.dtype)
+        mu, sigma, weight = (t if t.dtype == dtype else t.to(dtype) for t in (self.mu, self.sigma(), self.weight()))
+        ky, kx, _ = fused.fixed_tables(mu, sigma, weight, *grid_size)
+        if keep:
+            self._tables_cache = (key, (ky, kx))
+        return ky, kx
 
     def token_grid(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> tuple[int, int]:
         """The grid ``(Hg, Wg)`` of the tokens ``x (B, T, dim)``: ``grid_size`` if given, else
@@ -434,46 +482,22 @@ class SSoGAttention(nn.Module):
             "pass grid_size=(Hg, Wg)"
         )
 
-    def _inference_matrix(self, values: Tensor, grid_size: tuple[int, int]) -> Tensor | None:
-        """The fixed ``A (H, N, N)`` for ``values (B, H, N, d)``, kept between calls, when the
-        dense backend with a prebuilt ``A`` is the cheapest way to mix them; else ``None``.
-
-        Only without gradients (inference, evaluation), for fixed kernels, outside graph
-        capture (``torch.compile``, ``torch.export``, ``torch.jit.trace``: a graph must build
-        ``A`` from the parameters, not hold a cached copy) and :func:`ssog.ops.forced_backend`.
-        On small grids, building the kernels and the separable path's blocks cost more than
-        one GEMM with a prebuilt ``A`` (docs/results/operator.md, "Inference with a prebuilt
-        A"), and with fixed kernels ``A`` only changes when the parameters do
-        (:meth:`_mixture_key`).
-        """
-        if self.steer or torch.is_grad_enabled() or capturing_graph() or forced_backend_name():
-            return None
-        backend = self.backend if self.backend != "auto" else choose_backend(
-            values.shape, grid_size, self.num_atoms, False, values.device, matrix_cached=True, dtype=values.dtype
-        )
-        if backend != "dense":
-            return None
-        key = (tuple(grid_size), values.device, values.dtype, self._mixture_key())
-        if self._matrix_cache is None or self._matrix_cache[0] != key:
-            matrix = matrix_unchecked(self.mu, self.sigma(), self.weight(), grid_size).to(values.dtype)
-            self._matrix_cache = (key, matrix)
-        return self._matrix_cache[1]
-
     def _mixture_key(self) -> tuple:
-        """What identifies the fixed mixture's current values. On the CPU, their bytes: exact,
-        whatever changed them (``.data`` and NumPy edits included), for a few microseconds.
-        Elsewhere, reading them would synchronise with the device, so their storage and
-        version counters, which every ``.to()`` and every in-place update through the
-        parameters (optimizer steps, ``load_state_dict``, ``torch.no_grad()`` edits) changes,
-        but edits through ``.data`` do not: after those, call ``train()`` or ``eval()``."""
+        """What identifies the fixed mixture's current values. On the CPU, their bytes, read
+        from memory without a torch call: exact, whatever changed them (``.data`` and NumPy
+        edits included), for a microsecond. Elsewhere, reading them would synchronise with the
+        device, so their storage and version counters, which every ``.to()`` and every in-place
+        update through the parameters (optimizer steps, ``load_state_dict``, ``torch.no_grad()``
+        edits) changes, but edits through ``.data`` do not: after those, call ``train()`` or
+        ``eval()``."""
         parameters = (self.mu, self.rho, self.logits)
-        if self.mu.device.type == "cpu":
-            return tuple(p.detach().contiguous().view(torch.uint8).numpy().tobytes() for p in parameters)
-        return tuple((p.data_ptr(), p._version) for p in parameters)
+        if all(p.device.type == "cpu" and p.is_contiguous() for p in parameters):
+            return tuple(ctypes.string_at(p.data_ptr(), p.numel() * p.element_size()) for p in parameters)
+        return tuple((p.device, p.dtype, p.data_ptr(), p._version) for p in parameters)
 
     def train(self, mode: bool = True) -> SSoGAttention:
-        """``nn.Module.train``, which also drops the cached inference matrix."""
-        self._matrix_cache = None
+        """``nn.Module.train``, which also drops the kept 1-D kernels (:meth:`fixed_tables`)."""
+        self._tables_cache = None
         return super().train(mode)
 
     def attention_matrix(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:

@@ -71,7 +71,7 @@ def create_mixer(
     mixer_kwargs: Mapping[str, Any] | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-) -> nn.Module:
+) -> MultiHeadAttention | SSoGAttention:
     """Build the token mixer ``op`` with its options ``mixer_kwargs`` (see
     :func:`resolve_mixer_args`), its parameters on ``device`` in ``dtype``.
 
@@ -132,8 +132,9 @@ class Block(nn.Module):
         self.mlp = create_mlp(dim, mlp_ratio, proj_drop=proj_drop, **dd)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        """``x (B, P + Hg*Wg, dim)`` -> same shape."""
-        x = x + self.drop_path1(self.attn(self.norm1(x), grid_size))
+    def forward(self, x: Tensor, grid_size: tuple[int, int], prepared: Any = None) -> Tensor:
+        """``x (B, P + Hg*Wg, dim)`` -> same shape. ``prepared``: the mixer's ``prepare(grid_size)``,
+        computed once by a model that applies the block several times per forward pass."""
+        x = x + self.drop_path1(self.attn(self.norm1(x), grid_size, prepared=prepared))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 

@@ -39,8 +39,9 @@ class LoopViT(ViTBase):
         return {"num_loops": self.num_loops}
 
     def forward_tokens(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        prepared = self.block.attn.prepare(grid_size)  # once for every application of the shared block
         for _ in range(self.num_loops):
-            x = self._maybe_checkpoint(self.block, x, grid_size)
+            x = self._maybe_checkpoint(self.block, x, grid_size, prepared)
         return x
 
     @property
@@ -48,8 +49,9 @@ class LoopViT(ViTBase):
         return self.num_loops
 
     def _states(self, x: Tensor, grid_size: tuple[int, int], last: int) -> Iterator[Tensor]:
+        prepared = self.block.attn.prepare(grid_size)
         for _ in range(last + 1):
-            x = self._maybe_checkpoint(self.block, x, grid_size)
+            x = self._maybe_checkpoint(self.block, x, grid_size, prepared)
             yield x
 
     def _feature_module(self, index: int) -> str:

@@ -125,15 +125,16 @@ class VectorField(nn.Module):
         nn.init.zeros_(modulation.weight)
         nn.init.zeros_(modulation.bias)
 
-    def forward(self, t: Tensor, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    def forward(self, t: Tensor, x: Tensor, grid_size: tuple[int, int], prepared: Any = None) -> Tensor:
         """``t`` scalar tensor, ``x (B, P + Hg*Wg, D)`` on the grid ``grid_size = (Hg, Wg)`` ->
-        ``dx/dt`` of the same shape."""
+        ``dx/dt`` of the same shape. ``prepared``: the mixer's ``prepare(grid_size)``, computed
+        once per integration."""
         self.nfe += 1
         # (1, D) rather than (D,): a 2-D input makes the modulation a matmul FLOP counters see.
         c = timestep_embedding(t, self.dim).to(x.dtype).unsqueeze(0)
         s_a, b_a, g_a, s_m, b_m, g_m = self.adaLN_modulation(c).chunk(6, dim=-1)
         h = self.norm(x)
-        attn = g_a * self.attn(h * (1 + s_a) + b_a, grid_size)
+        attn = g_a * self.attn(h * (1 + s_a) + b_a, grid_size, prepared=prepared)
         mlp = g_m * self.mlp(h * (1 + s_m) + b_m)
         return self.drop_path(attn) + self.drop_path(mlp)
 
@@ -306,8 +307,10 @@ class OdeViT(ViTBase):
     def _field_function(self, grid_size: tuple[int, int]) -> Field:
         """The field on the token grid ``grid_size`` as the solvers call it, ``f(t, x)``: one
         activation checkpoint per evaluation when grad checkpointing is on
-        (:meth:`~ssog.models._base.ViTBase.set_grad_checkpointing`)."""
-        return lambda t, x: self._maybe_checkpoint(self.field, t, x, grid_size)
+        (:meth:`~ssog.models._base.ViTBase.set_grad_checkpointing`). What the mixer prepares
+        for the grid (SSoG's fixed 1-D kernels) is computed once, for every evaluation."""
+        prepared = self.field.attn.prepare(grid_size)
+        return lambda t, x: self._maybe_checkpoint(self.field, t, x, grid_size, prepared)
 
     def _fixed_steps(self, x: Tensor, grid_size: tuple[int, int], num_steps: int) -> list[Tensor]:
         """States after each of ``num_steps`` steps of ``1/steps`` from ``t = 0``."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["any_batch", "any_grid", "capturing_graph", "functorch_wrapped"]
+__all__ = ["any_batch", "any_grid", "capturing_graph", "exporting_graph", "functorch_wrapped"]
 
 
 def capturing_graph() -> bool:
@@ -19,6 +19,15 @@ def capturing_graph() -> bool:
     constants or fail there; the plain tensor paths they stand in for are recorded exactly.
     """
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def exporting_graph() -> bool:
+    """Whether a graph is being recorded to run without this package's Python: ``torch.export``
+    (and the ONNX export built on it) or ``torch.jit.trace``; not ``torch.compile``, whose
+    graph runs here (torch before 2.7, which cannot tell export from compile, counts both)."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    exporting = is_exporting() if is_exporting is not None else torch.compiler.is_compiling()
+    return exporting or torch.jit.is_tracing()
 
 
 def any_batch(batch: int | torch.SymInt) -> bool:

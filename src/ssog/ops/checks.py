@@ -23,7 +23,7 @@ from .kernels import kernel_dtype
 
 __all__ = [
     "MAX_CENTRE_OFFSET", "check_grid", "check_local_tolerance", "check_parameter_values", "check_parameters",
-    "check_steer", "check_tokens", "check_values",
+    "check_steer", "check_tokens", "check_values", "parameters_in_range",
 ]
 
 #: Largest ``|mu|`` (tokens) accepted. A kernel row is a softmax of ``-(j - c)^2 / 2 sigma^2``
@@ -128,6 +128,20 @@ def check_parameter_values(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size:
     reach = (torch.tensor(grid_size, dtype=dtype, device=mu.device) + offset.to(dtype)) / sigma.to(dtype)
     raise ValueError(f"sigma is too small for its centre: ((grid + |mu|) / sigma)^2 overflows {dtype}, got "
                      f"sigma {_first_bad(sigma, reach < math.sqrt(torch.finfo(dtype).max))}")
+
+
+def parameters_in_range(mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    """Whether the parameters pass :func:`check_parameter_values`, as a 0-dim bool tensor on
+    their device: no host synchronisation (``torch._assert_async`` of it checks them on a GPU)."""
+    dtype = kernel_dtype(torch.promote_types(mu.dtype, sigma.dtype))
+    mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
+    rows, cols = grid_size
+    lengths = torch.arange(2, dtype=dtype, device=mu.device) * (cols - rows) + rows  # (y, x), no host copy
+    offset = mu.abs()
+    reach = (lengths + offset) / sigma
+    largest = torch.finfo(dtype).max
+    return (((reach > 0) & (reach < math.sqrt(largest))).all() & (offset <= MAX_CENTRE_OFFSET).all()
+            & (weight.abs() <= largest).all())
 
 
 def _parameters_valid(

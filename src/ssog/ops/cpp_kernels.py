@@ -39,7 +39,9 @@ from .capture import capturing_graph
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["available", "cpp_fixed", "cpp_steered", "supports", "takes", "unavailable_reason"]
+__all__ = [
+    "available", "cpp_fixed", "cpp_steered", "cpp_table_grads", "cpp_tables", "supports", "takes", "unavailable_reason",
+]
 
 SOURCE = Path(__file__).with_name("csrc") / "ssog_cpu.cpp"
 #: Compiler flags. -march=native: the library is built on, and for, the machine that runs it.
@@ -121,6 +123,57 @@ def cpp_steered(
     return _mix(True, v, mu, sigma, weight, grid_size, out, value_checks)
 
 
+def cpp_tables(v: Tensor, ky: Tensor, kx: Tensor, out: Tensor) -> Tensor:
+    """Fixed separable mixing from given 1-D kernels, no gradients: ``out = A v`` with
+    ``A = sum_r ky_r (x) kx_r``, written into ``out`` and returned.
+
+    ``v, out (B, H, N, d)`` float32 with contiguous features (any other strides); ``ky (H, R,
+    Hg, Hg)`` (mixture weights folded in) and ``kx (H, R, Wg, Wg)`` float32, any strides (a
+    transposed table mixes with ``A^T``). The CPU kernel of :func:`ssog.ops.fused.fixed_mix`,
+    whose callers check the arguments; keys whose kernel value is below ``2e-14`` in every
+    kernel of a block are skipped, as in :func:`cpp_fixed`.
+    """
+    library = _library()[0]
+    assert library is not None and supports(v)  # the op's CPU kernel asks supports() first
+    batch, heads, _, dim = v.shape
+    atoms, rows, cols = ky.shape[1], ky.shape[-1], kx.shape[-1]
+    ky, kx = ky.to(torch.float32), kx.to(torch.float32)
+    ky_strides = (ctypes.c_int64 * 4)(*ky.stride())
+    kx_strides = (ctypes.c_int64 * 4)(*kx.stride())
+    status = library.ssog_mix_tables(
+        v.data_ptr(), *v.stride()[:3], ky.data_ptr(), ky_strides, kx.data_ptr(), kx_strides, out.data_ptr(),
+        *out.stride()[:3], batch, heads, rows, cols, atoms, dim, torch.get_num_threads(),
+    )
+    if status != 0:  # supports() admits only what the library takes
+        raise RuntimeError(f"ssog_mix_tables rejected its arguments (status {status})")
+    return out
+
+
+def cpp_table_grads(grad: Tensor, v: Tensor, ky: Tensor, kx: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients of ``ky (H, R, Hg, Hg)`` and ``kx (H, R, Wg, Wg)`` (float32, any strides) of
+    :func:`cpp_tables`' mixing, given its output's gradient ``grad`` and its values ``v``, both
+    ``(B, H, N, d)`` float32 with contiguous features: the CPU kernel of
+    :func:`ssog.ops.fused.fixed_mix_table_grads` (each task sums its block over the batch in a
+    fixed order: deterministic). Returns contiguous float32 tables."""
+    library = _library()[0]
+    assert library is not None and supports(v) and supports(grad)  # the op's CPU kernel asks supports() first
+    batch, heads, _, dim = v.shape
+    atoms, rows, cols = ky.shape[1], ky.shape[-1], kx.shape[-1]
+    ky, kx = ky.to(torch.float32), kx.to(torch.float32)
+    grads = []
+    for length, other_length, other, row_step, col_step in ((rows, cols, kx, cols, 1), (cols, rows, ky, 1, cols)):
+        out = torch.empty(heads, atoms, length, length, dtype=torch.float32)
+        status = library.ssog_table_grad(
+            v.data_ptr(), *v.stride()[:3], grad.data_ptr(), *grad.stride()[:3], other.data_ptr(),
+            (ctypes.c_int64 * 4)(*other.stride()), out.data_ptr(), batch, heads, length, other_length, row_step,
+            col_step, atoms, dim, torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"ssog_table_grad rejected its arguments (status {status})")
+        grads.append(out)
+    return grads[0], grads[1]
+
+
 #: ``ssog_mix_forward``'s status for parameters whose values its check refused.
 _STATUS_OUT_OF_RANGE = 2
 
@@ -199,6 +252,13 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     library.ssog_mix_forward.restype = int32
     # steered, check; v; mu, sigma, weight; out; batch; heads, rows, cols, atoms, dim, threads
     library.ssog_mix_forward.argtypes = [int32, int32] + strided + [pointer] * 3 + strided + [int64] + [int32] * 6
+    library.ssog_mix_tables.restype = int32
+    # v; ky, its strides; kx, its strides; out; batch; heads, rows, cols, atoms, dim, threads
+    library.ssog_mix_tables.argtypes = strided + [pointer] * 4 + strided + [int64] + [int32] * 6
+    library.ssog_table_grad.restype = int32
+    # v; g; other, its strides; grad; batch; heads, rows, cols; row_step, col_step; atoms, dim, threads
+    library.ssog_table_grad.argtypes = strided + strided + [pointer] * 3 + [int64] + [int32] * 3 + [int64] * 2 + \
+        [int32] * 3
     return library, None
 
 

@@ -28,30 +28,15 @@ import torch
 from torch import Tensor
 
 from . import backends, steered_backends
-from .capture import any_batch, any_grid, capturing_graph, functorch_wrapped
+from .capture import any_batch, any_grid, functorch_wrapped
 from .checks import check_grid, check_local_tolerance, check_parameter_values, check_parameters, check_values
+from .costs import dense_costs
 from .kernels import fixed_kernel_pair, in_kernel_precision
 from .registry import BACKENDS, check_backend, pytorch_backend, windowed_tiles
 
 __all__ = ["choose_backend", "forced_backend", "forced_backend_name", "mix_unchecked", "ssog_matrix", "ssog_mix"]
 
 logger = logging.getLogger(__name__)
-
-# Cost model of choose_backend (multiply-adds; docs/results/operator.md).
-#: Element-wise work of building one entry of the dense ``A``, in multiply-adds.
-DENSE_BUILD_MACS_PER_ENTRY = 8
-#: Dense is considered only while ``A`` of all heads (fp32) stays within this many bytes.
-DENSE_MAX_MATRIX_BYTES = 16 * 2**20
-#: Weight of the separable path's many small GEMMs against one large one, fitted to
-#: ``ssog bench-op`` on a CPU: forward only, and with autograd (more small GEMMs).
-SEPARABLE_OVERHEAD_CPU = 1.9
-SEPARABLE_OVERHEAD_CPU_AUTOGRAD = 2.6
-#: The same weight on CUDA, fitted to ``ssog bench-op`` there (docs/results/gpu_check.md): the
-#: smallest at which the model picks dense at every grid the bench timed, since dense was the
-#: faster of the two at each, forward and with autograd.
-SEPARABLE_OVERHEAD_CUDA = 9.0
-#: The same weight on other accelerators, where launch latency dominates small GEMMs (an estimate).
-SEPARABLE_OVERHEAD_ACCELERATOR = 3.0
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("ssog_forced_backend", default=None)
 
@@ -174,7 +159,9 @@ def mix_unchecked(
         backend = choose_backend(
             v.shape, grid_size, mu.shape[-2], steered, v.device, requires_grad, dtype=v.dtype, transformed=transformed
         )
-        if steered and backend == "dense":  # from shapes alone: the windowed path may be cheaper
+        if steered and backend == "dense" and v.device.type == "cpu":
+            # from shapes alone: the windowed path may be cheaper (reading its windows would
+            # synchronise a GPU, so elsewhere steered kernels take dense rows)
             return _steered_auto(v, mu, sigma, weight, grid_size, local_tolerance, out=out, value_checks=value_checks)
     mix = BACKENDS[backend].mixing(steered)
     return mix(v, mu, sigma, weight, grid_size, local_tolerance, out=out, value_checks=value_checks)
@@ -226,68 +213,38 @@ def choose_backend(
     dtype: torch.dtype = torch.float32,
     transformed: bool = False,
 ) -> str:
-    """Pick the cheapest backend for fixed or steered kernels by a cost model.
+    """Pick the backend for fixed or steered kernels.
 
-    Where the ``cpp`` backend can run (``BACKENDS["cpp"].can_run``, :mod:`ssog.ops.registry`:
-    without autograd, on a CPU where its fused kernels take ``dtype`` and the head
-    dimension), it is ``cpp``: for fixed kernels
-    it does the separable multiply-adds without the separable path's overhead, for steered
-    ones the dense path's (fewer where kernels are narrow), each in one pass
-    (docs/results/operator.md). Otherwise:
+    In order:
 
-    Multiply-adds per call, with ``BH`` batch*heads and ``N = Hg*Wg``:
+    1. ``cpp`` where it can run (``BACKENDS["cpp"].can_run``, :mod:`ssog.ops.registry`:
+       without autograd, on a CPU where its compiled kernels take ``dtype`` and the head
+       dimension): one pass per call, for fixed kernels the separable multiply-adds, for
+       steered ones the dense path's (fewer where kernels are narrow; docs/results/operator.md).
+    2. Steered kernels: ``dense`` from shapes alone (a row of ``A`` per query costs
+       ``N (R + d)``, the separable contraction ``R N (Wg + 1) d``). ``ssog_mix`` with ``auto``
+       then weighs the windowed ``local`` path against it on a CPU, from the parameters'
+       values; elsewhere reading them would synchronise the device.
+    3. A graph that must hold for every grid (:func:`ssog.ops.capture.any_grid`:
+       ``torch.export`` with a dynamic height and width): ``separable``, which holds at every
+       grid (dense's ``A`` grows as ``N^2``).
+    4. ``fused``, the registered ops (:mod:`ssog.ops.fused`: Triton kernels on CUDA, the
+       compiled CPU kernels or PyTorch on a CPU), with or without autograd, under
+       ``torch.compile`` too; not while ``torch.export`` or ``torch.jit.trace`` records
+       (:func:`ssog.ops.capture.exporting_graph`) and not under a ``torch.func`` transform
+       (``transformed``: ``vmap``, ``jvp``, ``jacrev``, ... wrap the values; the ops have no
+       batching or forward-mode rule).
+    5. Otherwise the cost model (:func:`ssog.ops.costs.dense_costs`): dense when one GEMM
+       per head with ``A`` (plus building ``A``, unless ``matrix_cached``) costs less than the
+       separable contractions weighted by their overhead on ``device``, and ``A`` of all heads
+       (fp32) fits ``DENSE_MAX_MATRIX_BYTES``; else ``separable``.
 
-    - dense: ``BH N^2 d`` in one large GEMM per head, plus building ``A`` once per head
-      (``H R N^2`` element-wise work, ``DENSE_BUILD_MACS_PER_ENTRY`` each);
-    - separable: ``BH R N (Hg + Wg) d`` in many small GEMMs, weighted by an overhead
-      factor fitted to ``ssog bench-op``: on a CPU (docs/results/operator.md)
-      ``SEPARABLE_OVERHEAD_CPU`` for the forward pass, ``SEPARABLE_OVERHEAD_CPU_AUTOGRAD``
-      with autograd (its backward is more small GEMMs); on CUDA
-      ``SEPARABLE_OVERHEAD_CUDA`` (docs/results/gpu_check.md); ``SEPARABLE_OVERHEAD_ACCELERATOR``
-      elsewhere.
-
-    **CUDA and the fused kernel.** For fixed kernels on a CUDA device where
-    ``BACKENDS["triton"].can_run`` says the ``triton`` kernel runs (Triton installed; fp32,
-    fp16 or bf16 values), outside graph capture and ``torch.func`` transforms (below):
-    without autograd and without a cached ``A``, ``triton``; otherwise the cost model
-    decides between dense and ``triton``, which takes the place of ``separable`` (the same
-    multiply-adds in one kernel). ``ssog bench-op`` on CUDA measured why
-    (docs/results/gpu_check.md): in the forward pass the fused kernel was level with dense
-    or faster at every grid, several times leaner (its peak near SDPA's, dense's growing as
-    ``N^2``) and faster than separable; with autograd dense was faster than the fused
-    kernel at every grid and leaner wherever ``A`` fits within ``DENSE_MAX_MATRIX_BYTES``,
-    and beyond that the fused kernel was several times faster than separable, for a
-    backward peak a few times SDPA's where separable stays below it: time is taken over
-    that memory. The measurement built ``A`` on every call, so with a cached ``A`` the
-    cost model still decides whether dense's one GEMM wins. Never on a CPU (Triton's
-    interpreter is for tests). Where the fused kernel cannot run (no Triton, float64
-    values), the cost model picks dense or separable as on any device.
-
-    ``matrix_cached``: the caller holds ``A`` already (``SSoGAttention`` in inference), so
-    dense costs only its GEMM. Dense is only considered while ``A`` stays within
-    ``DENSE_MAX_MATRIX_BYTES``. A graph that must hold for every batch
-    (:func:`ssog.ops.capture.any_batch`: ``torch.export`` with a dynamic batch,
-    ``torch.jit.trace``) is chosen for as for a large batch, where building ``A`` once is
-    shared by all images, and for the forward pass: the choice then depends on the grid,
-    atoms and head_dim alone, not on the example's batch, nor on autograd (``torch.jit.trace``
-    records twice, the second time without autograd, and refuses a graph that differs). A
-    graph that must hold for every grid (:func:`ssog.ops.capture.any_grid`: ``torch.export``
-    with a dynamic height and width) uses ``separable`` for fixed kernels, which holds at
-    every grid (dense's ``A`` grows as ``N^2``), and ``dense`` rows for steered ones, as
-    below. While any graph is captured (:func:`ssog.ops.capture.capturing_graph`:
-    ``torch.compile``, ``torch.export``, ``torch.jit.trace``) the choice stays with dense
-    and separable, which are recorded exactly: the fused kernel's launch is not a torch op,
-    so a trace cannot record it (under Triton's CPU interpreter ``torch.jit.trace`` fails
-    in the launch), and no test compiles or exports its ``autograd.Function``.
-    ``transformed``: a ``torch.func`` transform (``vmap``, ``jvp``,
-    ``jacrev``, ...) wraps the values (``requires_grad`` then holds too); the fused kernel's
-    ``autograd.Function`` has no ``setup_context``, which those transforms require, so
-    dense or separable then too. The costs
-    and the choice are logged at debug level (``logging.getLogger("ssog.ops.functional")``).
-    From shapes alone, steered
-    kernels use ``dense``: a row of ``A`` per query costs ``N (R + d)``, the separable
-    contraction ``R N (Wg + 1) d``. (``ssog_mix`` with ``auto`` then checks the windowed
-    ``local`` path against it, which needs the parameters' values.)
+    A graph that must hold for every batch (:func:`ssog.ops.capture.any_batch`:
+    ``torch.export`` with a dynamic batch, ``torch.jit.trace``) is chosen for as for a large
+    batch with a cached ``A`` and for the forward pass: the choice then depends on the grid,
+    atoms and head_dim alone (``torch.jit.trace`` records twice, the second time without
+    autograd, and refuses a graph that differs). The costs and the choice are logged at debug
+    level (``logging.getLogger("ssog.ops.functional")``).
     """
     batch, heads, n, dim = value_shape
     if any_batch(batch):
@@ -301,42 +258,20 @@ def choose_backend(
     if any_grid(grid_size):
         _debug("choose_backend: separable for fixed kernels on a symbolic grid (any image size)")
         return "separable"
-    fused = _fused_kernel_runs(device, dtype, dim, requires_grad, transformed)
-    if fused and not requires_grad and not matrix_cached:
-        _debug("choose_backend: triton for fixed kernels on %s without autograd", device)
-        return "triton"
+    if not transformed and BACKENDS["fused"].can_run(device, dtype, dim, steered, requires_grad):
+        _debug("choose_backend: fused (the registered ops) for fixed kernels on %s", device)
+        return "fused"
     rows, cols = grid_size
-    if device.type == "cpu":
-        separable_overhead = SEPARABLE_OVERHEAD_CPU_AUTOGRAD if requires_grad else SEPARABLE_OVERHEAD_CPU
-    elif device.type == "cuda":
-        separable_overhead = SEPARABLE_OVERHEAD_CUDA
-    else:
-        separable_overhead = SEPARABLE_OVERHEAD_ACCELERATOR
-    dense_cost = batch * heads * n * n * dim
-    if not matrix_cached:
-        dense_cost += heads * num_atoms * n * n * DENSE_BUILD_MACS_PER_ENTRY
-    separable_cost = batch * heads * num_atoms * n * (rows + cols) * dim * separable_overhead
-    matrix_bytes = heads * n * n * 4
-    dense = dense_cost <= separable_cost and matrix_bytes <= DENSE_MAX_MATRIX_BYTES
-    choice = "dense" if dense else "triton" if fused else "separable"
+    dense, dense_cost, separable_cost, overhead = dense_costs(
+        value_shape, grid_size, num_atoms, device, requires_grad, matrix_cached)
+    choice = "dense" if dense else "separable"
     _debug(
-        "choose_backend: %s for v %s on a %dx%d grid, R=%d, %s%s%s: dense %.3g MACs (A %.1f MiB, limit %.0f MiB), "
-        "separable %.3g weighted MACs (x%.1f)", choice, tuple(value_shape), rows, cols, num_atoms, device.type,
+        "choose_backend: %s for v %s on a %dx%d grid, R=%d, %s%s%s: dense %.3g MACs, separable %.3g weighted "
+        "MACs (x%.1f)", choice, tuple(value_shape), rows, cols, num_atoms, device.type,
         " with autograd" if requires_grad else "", " and a cached A" if matrix_cached else "", dense_cost,
-        matrix_bytes / 2**20, DENSE_MAX_MATRIX_BYTES / 2**20, separable_cost, separable_overhead,
+        separable_cost, overhead,
     )
     return choice
-
-
-def _fused_kernel_runs(
-    device: torch.device, dtype: torch.dtype, head_dim: int, requires_grad: bool, transformed: bool
-) -> bool:
-    """Whether ``auto`` may take the ``triton`` kernel for fixed kernels: on CUDA, where its
-    ``can_run`` says it runs, outside graph capture and ``torch.func`` transforms
-    (:func:`choose_backend`). Asks Triton only for a CUDA device."""
-    if device.type != "cuda" or transformed or capturing_graph():
-        return False
-    return BACKENDS["triton"].can_run(device, dtype, head_dim, False, requires_grad)
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -16,7 +16,8 @@ from torch import Tensor
 from .capture import capturing_graph
 
 __all__ = [
-    "fixed_axis_kernels", "fixed_kernel_pair", "gaussian_rows", "in_kernel_precision", "kernel_dtype",
+    "fixed_axis_kernels", "fixed_kernel_pair", "gaussian_rows", "gaussian_rows_backward", "in_kernel_precision",
+    "kernel_dtype",
     "query_positions", "steered_axis_kernels",
 ]
 
@@ -114,16 +115,7 @@ class _GaussianRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         center, sigma, rows = ctx.saved_tensors
-        weighted = grad * rows
-        grad_logits = torch.addcmul(weighted, rows, weighted.sum(dim=-1, keepdim=True), value=-1.0)
-        offsets = _offsets(center, ctx.length)
-        grad_offsets = grad_logits * offsets  # sum_j of this is the centre's gradient * sigma^2
-        inverse_variance = sigma.square().reciprocal()
-        grad_center = grad_sigma = None
-        if ctx.needs_input_grad[0]:
-            grad_center = grad_offsets.sum(dim=-1) * inverse_variance
-        if ctx.needs_input_grad[1]:
-            grad_sigma = (grad_offsets * offsets).sum(dim=-1) * inverse_variance / sigma
+        grad_center, grad_sigma = gaussian_rows_backward(grad, center, sigma, rows, *ctx.needs_input_grad[:2])
         return grad_center, grad_sigma, None
 
     @staticmethod
@@ -139,6 +131,22 @@ class _GaussianRows(torch.autograd.Function):
             tangent_logits = tangent_logits + offsets.square() * sigma_rate.unsqueeze(-1)
         mean = (rows * tangent_logits).sum(dim=-1, keepdim=True)
         return rows * (tangent_logits - mean)
+
+
+def gaussian_rows_backward(
+    grad: Tensor, center: Tensor, sigma: Tensor, rows: Tensor, need_center: bool = True, need_sigma: bool = True,
+) -> tuple[Tensor | None, Tensor | None]:
+    """The gradients of :func:`gaussian_rows`' ``center`` and ``sigma`` (``(...)``, or ``None``
+    where not needed) from the gradient ``grad`` of its result ``rows`` (``(..., length)``),
+    in the closed forms of :class:`_GaussianRows`."""
+    weighted = grad * rows
+    grad_logits = torch.addcmul(weighted, rows, weighted.sum(dim=-1, keepdim=True), value=-1.0)
+    offsets = _offsets(center, rows.shape[-1])
+    grad_offsets = grad_logits * offsets  # sum_j of this is the centre's gradient * sigma^2
+    inverse_variance = sigma.square().reciprocal()
+    grad_center = grad_offsets.sum(dim=-1) * inverse_variance if need_center else None
+    grad_sigma = (grad_offsets * offsets).sum(dim=-1) * inverse_variance / sigma if need_sigma else None
+    return grad_center, grad_sigma
 
 
 def _offsets(center: Tensor, length: int) -> Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,8 +23,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from . import backends, cpp_kernels, steered_backends
-from .capture import capturing_graph
+from . import backends, cpp_kernels, fused, steered_backends
+from .capture import capturing_graph, exporting_graph
 from .checks import check_parameter_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
 
@@ -133,10 +134,39 @@ def _local_steered(
     return steered_backends.steered_local(v, mu, sigma, weight, grid_size, tiles)
 
 
-def _triton_fixed(v: Tensor, ky: Tensor, kx: Tensor) -> Tensor:
-    from .triton_separable import triton_separable  # imports Triton: only when asked for
+def _fused_fixed(
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], local_tolerance: float,
+    out: Tensor | None = None, value_checks: bool = False,
+) -> Tensor:
+    """The registered ops (:mod:`ssog.ops.fused`): the 1-D kernels in one op, the mixing in
+    another. Values are checked on the host on a CPU (a one-line ``ValueError``), elsewhere by a
+    device-side assertion of the tables op's flag (no host synchronisation)."""
+    on_host = v.device.type == "cpu"
+    if value_checks and on_host:
+        check_parameter_values(mu, sigma, weight, grid_size)
+    mu, sigma, weight = in_kernel_precision(mu, sigma, weight, v.dtype)
+    ky, kx, valid = fused.fixed_tables(mu, sigma, weight, *grid_size)
+    if value_checks and not on_host:
+        torch._assert_async(valid, PARAMETER_VALUES)
+    mixed = fused.fixed_mix(v.transpose(1, 2), ky, kx, 0).transpose(1, 2)
+    return mixed if out is None else out.copy_(mixed)
 
-    return triton_separable(v, ky, kx)
+
+#: The device-side assertion's message where ``ssog_mix`` checks values without a host synchronisation.
+PARAMETER_VALUES = ("ssog_mix: mu, sigma or weight failed the value checks (finite, sigma > 0, |mu| <= 2^20 tokens, "
+                    "((grid + |mu|) / sigma)^2 within float32); check them on the CPU with "
+                    "ssog.ops.checks.check_parameter_values for the value")
+
+
+def _triton_fixed(
+    v: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, grid_size: tuple[int, int], local_tolerance: float,
+    out: Tensor | None = None, value_checks: bool = False,
+) -> Tensor:
+    """:func:`_fused_fixed` where its Triton kernels run, a ``RuntimeError`` elsewhere."""
+    if not _can_run_triton(v.device, v.dtype, v.shape[-1], False, False):
+        raise RuntimeError("the triton backend needs Triton and a CUDA device (or TRITON_INTERPRET=1 on CPU) and "
+                           f"float32, float16 or bfloat16 values, got {v.dtype} on {v.device}; use 'fused' instead")
+    return _fused_fixed(v, mu, sigma, weight, grid_size, local_tolerance, out, value_checks)
 
 
 def _cpp_fixed(
@@ -172,15 +202,24 @@ def _can_run_cpp(device: torch.device, dtype: torch.dtype, head_dim: int, steere
     return not requires_grad and cpp_kernels.takes(device, dtype, head_dim)
 
 
+def _can_run_fused(device: torch.device, dtype: torch.dtype, head_dim: int, steered: bool, requires_grad: bool) -> bool:
+    """Fixed kernels, any device and float dtype, except while ``torch.export`` or
+    ``torch.jit.trace`` records (:func:`ssog.ops.capture.exporting_graph`: an exported program
+    would need the ops registered wherever it runs, and ONNX has no translation for them)."""
+    return not steered and not exporting_graph()
+
+
 def _can_run_triton(
     device: torch.device, dtype: torch.dtype, head_dim: int, steered: bool, requires_grad: bool
 ) -> bool:
-    """Fixed kernels, fp32/fp16/bf16 values, with Triton on CUDA (or its CPU interpreter)."""
-    if steered or dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    """The fused ops where their Triton kernels run: CUDA (or Triton's CPU interpreter), fp32/fp16/bf16."""
+    if not _can_run_fused(device, dtype, head_dim, steered, requires_grad):
         return False
-    from .triton_separable import available  # imports Triton: only when asked about
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    from .triton_kernels import takes  # imports Triton: only when asked about
 
-    return available(device)
+    return takes(device, dtype)
 
 
 BACKENDS: dict[str, Backend] = {
@@ -192,8 +231,8 @@ BACKENDS: dict[str, Backend] = {
                 _steered_rows(separable=True), _can_run_anywhere),
         Backend("local", pytorch_backend(_local_fixed, fixed_kernels=True), _local_steered, _can_run_local),
         Backend("cpp", _cpp_fixed, _cpp_steered, _can_run_cpp),
-        Backend("triton", pytorch_backend(_triton_fixed, fixed_kernels=True, tolerance=False), None,
-                _can_run_triton),
+        Backend("fused", _fused_fixed, None, _can_run_fused),
+        Backend("triton", _triton_fixed, None, _can_run_triton),
     )
 }
 #: Every name ``backend=`` takes: ``auto`` (:func:`ssog.ops.choose_backend`) and the table's.

@@ -283,6 +283,36 @@ struct FixedKernels {
     }
   }
 
+  // From given tables instead (ssog::fixed_mix's CPU kernel: the op takes the tables, built or
+  // transposed by the caller): element [h][r][q][k] at h * s[0] + r * s[1] + q * s[2] + k * s[3].
+  FixedKernels(const float* ky_in, const int64_t* ky_s, const float* kx_in, const int64_t* kx_s, int heads,
+               int atoms_, int rows_, int cols_, int atom_group, int column_group)
+      : atoms(atoms_), padded_atoms(round_up(atoms_, atom_group)), rows(rows_), cols(cols_),
+        padded_cols(round_up(cols_, column_group)), stride_y(padded(rows_)), stride_x(padded(cols_)),
+        ky(static_cast<size_t>(heads) * padded_atoms * rows * stride_y, 0.0f),
+        kx(static_cast<size_t>(heads) * atoms * padded_cols * stride_x, 0.0f),
+        ky_span(static_cast<size_t>(heads) * padded_atoms * rows * 2, 0),
+        kx_span(static_cast<size_t>(heads) * atoms * padded_cols * 2, 0) {
+    for (int64_t head_atom = 0; head_atom < static_cast<int64_t>(heads) * atoms; ++head_atom) {
+      const int64_t head = head_atom / atoms, atom = head_atom % atoms;
+      const int64_t y_rows = head * padded_atoms + atom, x_rows = head * atoms + atom;
+      for (int query = 0; query < rows; ++query) {
+        float* row = &ky[(y_rows * rows + query) * stride_y];
+        const float* in = ky_in + head * ky_s[0] + atom * ky_s[1] + query * ky_s[2];
+        for (int key = 0; key < rows; ++key) row[key] = in[key * ky_s[3]];
+        int* span = &ky_span[(y_rows * rows + query) * 2];
+        span_above_floor(row, 1, 0, rows, span, span + 1);
+      }
+      for (int query = 0; query < cols; ++query) {
+        float* row = &kx[(x_rows * padded_cols + query) * stride_x];
+        const float* in = kx_in + head * kx_s[0] + atom * kx_s[1] + query * kx_s[2];
+        for (int key = 0; key < cols; ++key) row[key] = in[key * kx_s[3]];
+        int* span = &kx_span[(x_rows * padded_cols + query) * 2];
+        span_above_floor(row, 1, 0, cols, span, span + 1);
+      }
+    }
+  }
+
   size_t bytes() const {
     return (ky.size() + kx.size()) * sizeof(float) + (ky_span.size() + kx_span.size()) * sizeof(int);
   }
@@ -394,18 +424,45 @@ void fixed_row(const float* v, int64_t v_token, const FixedKernels& k, int head,
   }
 }
 
+// Atoms contracted together along y, and output columns computed together along x: as many
+// as registers hold. Wider column groups read the y-mixed values fewer times; measured on a
+// 2-core AVX-512 VM at 14x14, d 64: 7 columns 1.15 ms, 4 columns 1.24 ms, 8 (spilling) 1.46 ms.
+template <int kVectors>
+constexpr int atom_group() { return sums_in_registers(kVectors, 4); }
+template <int kVectors>
+constexpr int column_group() { return std::max(1, std::min(8, (kRegisters - 4) / kVectors)); }
+
+template <int kVectors>
+void fixed_rows(const float* v, Layout v_layout, const FixedKernels& kernels, float* out, Layout out_layout,
+                int64_t items, int heads, int threads);
+
 template <int kVectors>
 void fixed_forward(const float* v, Layout v_layout, const float* mu, const float* sigma, const float* weight,
                    float* out, Layout out_layout, int64_t items, int heads, int rows, int cols, int atoms,
                    int threads) {
+  const auto cached = fixed_kernels(mu, sigma, weight, heads, atoms, rows, cols, atom_group<kVectors>(),
+                                    column_group<kVectors>());
+  fixed_rows<kVectors>(v, v_layout, *cached, out, out_layout, items, heads, threads);
+}
+
+// fixed_forward with the 1-D kernels given as tables (no cache: the caller holds them).
+template <int kVectors>
+void fixed_forward_tables(const float* v, Layout v_layout, const float* ky, const int64_t* ky_s, const float* kx,
+                          const int64_t* kx_s, float* out, Layout out_layout, int64_t items, int heads, int rows,
+                          int cols, int atoms, int threads) {
+  const FixedKernels kernels(ky, ky_s, kx, kx_s, heads, atoms, rows, cols, atom_group<kVectors>(),
+                            column_group<kVectors>());
+  fixed_rows<kVectors>(v, v_layout, kernels, out, out_layout, items, heads, threads);
+}
+
+// Every output row of every item, from built kernels.
+template <int kVectors>
+void fixed_rows(const float* v, Layout v_layout, const FixedKernels& kernels, float* out, Layout out_layout,
+                int64_t items, int heads, int threads) {
   constexpr int dim = kVectors * kLanes;
-  // Atoms contracted together along y, and output columns computed together along x: as many
-  // as registers hold. Wider column groups read the y-mixed values fewer times; measured on
-  // a 2-core AVX-512 VM at 14x14, d 64: 7 columns 1.15 ms, 4 columns 1.24 ms, 8 (spilling) 1.46 ms.
-  constexpr int kAtomGroup = sums_in_registers(kVectors, 4);
-  constexpr int kColumnGroup = std::max(1, std::min(8, (kRegisters - 4) / kVectors));
-  const auto cached = fixed_kernels(mu, sigma, weight, heads, atoms, rows, cols, kAtomGroup, kColumnGroup);
-  const FixedKernels& kernels = *cached;
+  constexpr int kAtomGroup = atom_group<kVectors>();
+  constexpr int kColumnGroup = column_group<kVectors>();
+  const int rows = kernels.rows, cols = kernels.cols;
   // Tasks of whole query rows, about 16 per thread: few enough that handing them out costs
   // nothing, enough that a thread slowed by another process hands its share to the others.
   const int64_t per_task = std::max<int64_t>(1, std::min<int64_t>(rows, items * rows / (16 * std::max(threads, 1))));
@@ -420,6 +477,78 @@ void fixed_forward(const float* v, Layout v_layout, const float* mu, const float
       fixed_row<kVectors, kAtomGroup, kColumnGroup>(v_layout.item(v, item, heads), v_layout.token, kernels,
                                                     static_cast<int>(item % heads), out_layout.item(out, item, heads),
                                                     out_layout.token, y, mixed.data());
+  });
+}
+
+// ------------------------------------------------------------------------ table gradients
+// The gradient of one axis' tables (ssog::fixed_mix_table_grads' CPU kernel), on a grid of
+// `rows` x `cols` whose token (y, x) is at y * row_step + x * col_step (tokens; swapped steps
+// give the other axis):
+//   grad[h][r][q][y] = sum_(b, x, f) U[r][x][f] v[b, h, (y, x), f]
+//   U[r][x][f] = sum_x' other[h][r][x'][x] g[b, h, (q, x'), f]
+// One task per (head, query row) sums over the batch in a fixed order: deterministic, no
+// reduction across threads. U (atoms x cols x dim) is built in a per-thread scratch.
+template <int kVectors>
+void table_grad(const float* v, Layout v_layout, const float* g, Layout g_layout, const float* other,
+                const int64_t* other_s, float* grad, int64_t batch, int heads, int rows, int cols, int64_t row_step,
+                int64_t col_step, int atoms, int threads) {
+  constexpr int dim = kVectors * kLanes;
+  constexpr int kAtoms = 4;  // running sums of a group of atoms, in registers beside a row of values
+  constexpr int kColumns = sums_in_registers(kVectors, 4);  // and of a group of columns
+  parallel_for(static_cast<int64_t>(heads) * rows, threads, [&](int64_t task) {
+    const int head = static_cast<int>(task / rows), q = static_cast<int>(task % rows);
+    thread_local std::vector<float> mixed_back;
+    mixed_back.resize(static_cast<size_t>(atoms) * cols * dim);
+    std::vector<double> sums(static_cast<size_t>(atoms) * rows, 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t item = b * heads + head;
+      const float* v_item = v_layout.item(v, item, heads);
+      const float* g_row = g_layout.item(g, item, heads) + q * row_step * g_layout.token;
+      for (int r = 0; r < atoms; ++r) {
+        const float* kernel = other + head * other_s[0] + r * other_s[1];
+        for (int x0 = 0; x0 < cols; x0 += kColumns) {  // a group of columns per pass over the gradient's row
+          const int group = std::min(kColumns, cols - x0);
+          vec acc[kColumns][kVectors] = {};
+          for (int x_out = 0; x_out < cols; ++x_out) {
+            vec values[kVectors];
+            const float* g_at = g_row + x_out * col_step * g_layout.token;
+            for (int c = 0; c < kVectors; ++c) values[c] = load(g_at + c * kLanes);
+            for (int i = 0; i < group; ++i) {
+              const float weight = kernel[x_out * other_s[2] + (x0 + i) * other_s[3]];
+              for (int c = 0; c < kVectors; ++c) acc[i][c] += weight * values[c];
+            }
+          }
+          for (int i = 0; i < group; ++i)
+            for (int c = 0; c < kVectors; ++c)
+              store(&mixed_back[(static_cast<size_t>(r) * cols + x0 + i) * dim + c * kLanes], acc[i][c]);
+        }
+      }
+      for (int y = 0; y < rows; ++y) {
+        const float* v_row = v_item + y * row_step * v_layout.token;
+        for (int r0 = 0; r0 < atoms; r0 += kAtoms) {  // a group of atoms per pass over the row's values
+          const int group = std::min(kAtoms, atoms - r0);
+          vec acc[kAtoms] = {};
+          for (int x = 0; x < cols; ++x) {
+            vec values[kVectors];
+            const float* v_at = v_row + x * col_step * v_layout.token;
+            for (int c = 0; c < kVectors; ++c) values[c] = load(v_at + c * kLanes);
+            for (int r = 0; r < group; ++r) {
+              const float* u_at = &mixed_back[(static_cast<size_t>(r0 + r) * cols + x) * dim];
+              for (int c = 0; c < kVectors; ++c) acc[r] += load(u_at + c * kLanes) * values[c];
+            }
+          }
+          for (int r = 0; r < group; ++r) {
+            float total = 0.0f;
+            for (int i = 0; i < kLanes; ++i) total += acc[r][i];
+            sums[static_cast<size_t>(r0 + r) * rows + y] += total;
+          }
+        }
+      }
+    }
+    for (int r = 0; r < atoms; ++r)
+      for (int y = 0; y < rows; ++y)
+        grad[((static_cast<int64_t>(head) * atoms + r) * rows + q) * rows + y] =
+            static_cast<float>(sums[static_cast<size_t>(r) * rows + y]);
   });
 }
 
@@ -444,6 +573,14 @@ struct Steered {
 template <int kVectors>
 struct Fixed {
   template <class... Args> static void run(Args... args) { fixed_forward<kVectors>(args...); }
+};
+template <int kVectors>
+struct TableGrad {
+  template <class... Args> static void run(Args... args) { table_grad<kVectors>(args...); }
+};
+template <int kVectors>
+struct FixedTables {
+  template <class... Args> static void run(Args... args) { fixed_forward_tables<kVectors>(args...); }
 };
 
 }  // namespace
@@ -472,6 +609,32 @@ int ssog_mix_forward(int steered, int check, const float* v, int64_t v_batch, in
                              cols, atoms, threads);
   return dispatch<Fixed>(dim, v, v_layout, mu, sigma, weight, out, out_layout, batch * heads, heads, rows, cols,
                          atoms, threads);
+}
+
+// out = A v for every (batch, head) item, from given 1-D kernels: ky (heads, atoms, rows, rows)
+// and kx (heads, atoms, cols, cols) float32 with the given strides (floats; a transposed table is
+// its strides swapped), the mixture weights folded into ky. v and out as in ssog_mix_forward.
+// Returns 0; 1 for an unsupported dim.
+int ssog_mix_tables(const float* v, int64_t v_batch, int64_t v_head, int64_t v_token, const float* ky,
+                    const int64_t* ky_strides, const float* kx, const int64_t* kx_strides, float* out,
+                    int64_t out_batch, int64_t out_head, int64_t out_token, int64_t batch, int heads, int rows,
+                    int cols, int atoms, int dim, int threads) {
+  const Layout v_layout{v_batch, v_head, v_token}, out_layout{out_batch, out_head, out_token};
+  return dispatch<FixedTables>(dim, v, v_layout, ky, ky_strides, kx, kx_strides, out, out_layout, batch * heads,
+                               heads, rows, cols, atoms, threads);
+}
+
+// The gradient of one axis' tables, (heads, atoms, rows, rows) float32 contiguous, overwritten
+// (table_grad): v and g (batch, heads, tokens, dim) with features contiguous and the given
+// strides, their first patch token at v, g; other (heads, atoms, cols, cols) with the given
+// strides. Returns 0; 1 for an unsupported dim.
+int ssog_table_grad(const float* v, int64_t v_batch, int64_t v_head, int64_t v_token, const float* g,
+                    int64_t g_batch, int64_t g_head, int64_t g_token, const float* other, const int64_t* other_strides,
+                    float* grad, int64_t batch, int heads, int rows, int cols, int64_t row_step, int64_t col_step,
+                    int atoms, int dim, int threads) {
+  const Layout v_layout{v_batch, v_head, v_token}, g_layout{g_batch, g_head, g_token};
+  return dispatch<TableGrad>(dim, v, v_layout, g, g_layout, other, other_strides, grad, batch, heads, rows, cols,
+                             row_step, col_step, atoms, threads);
 }
 
 }  // extern "C"
