@@ -12,7 +12,7 @@ from ssog.ops import choose_backend, forced_backend, gaussian_rows, ssog_matrix,
 from ssog.ops.checks import _in_range
 
 GRIDS = [(5, 7), (4, 4), (1, 6), (6, 1)]
-FIXED_BACKENDS = ["dense", "separable", "local", "auto"]
+FIXED_BACKENDS = ["dense", "separable", "local", "fused", "auto"]
 STEERED_BACKENDS = ["dense", "separable", "local", "auto"]
 # The local backend truncates kernels at a relative tolerance; with a tolerance far below
 # the precision of the comparison it must be exact (its truncation logic still runs).
@@ -383,6 +383,91 @@ def test_half_precision_agrees_with_fp32(dtype, backend):
     assert relative_error(out.float(), reference) < 4 * unit
 
 
+# ------------------------------------------------------------------------ registered ops
+def registered_op_cases():
+    """Arguments of each op of ssog.ops.fused: fp32 and fp64, a prefix token or none, values
+    by head ``(B, T, H, d)`` or as the projection writes them ``(B, T, H*d)``."""
+    from ssog.ops import fused
+
+    cases = []
+    for dtype, prefix, flat in ((torch.float32, 1, True), (torch.float64, 0, False), (torch.float32, 2, False)):
+        mu, sigma, weight = fixed_params(2, 3, dtype=dtype)
+        ky, kx, _ = fused.fixed_tables(mu, sigma, weight, 4, 5)
+        v = torch.randn(2, prefix + 20, 2, 16, dtype=dtype)
+        v = v.flatten(2) if flat else v
+        cases += [
+            (torch.ops.ssog.fixed_tables, (mu, sigma, weight, 4, 5)),
+            (torch.ops.ssog.fixed_mix, (v, ky, kx, prefix)),
+            (torch.ops.ssog.fixed_mix, (v.clone().requires_grad_(), ky.clone().requires_grad_(),
+                                        kx.clone().requires_grad_(), prefix)),
+            (torch.ops.ssog.fixed_mix_transposed, (v, ky, kx, prefix)),
+            (torch.ops.ssog.fixed_mix_table_grads, (v, v.flip(0), ky, kx, prefix)),
+            (torch.ops.ssog.fixed_tables_backward, (ky, kx, mu, sigma, weight)),
+            (torch.ops.ssog.fixed_tables, tuple(t.clone().requires_grad_() for t in (mu, sigma, weight)) + (4, 5)),
+        ]
+    return cases
+
+
+def test_registered_ops_pass_opcheck():
+    for op, args in registered_op_cases():
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 3])
+def test_fused_mixing_is_the_mixers_matrix_with_float64_gradients(prefix):
+    """The whole (P + N) x (P + N) matrix of the layer (prefix rows the patch mean), and
+    gradcheck through the tables into mu, sigma and weight."""
+    from ssog.ops import fused
+
+    grid, n = (5, 7), 35
+    mu, sigma, weight = (t.requires_grad_() for t in fixed_params(2, 3))
+    v = torch.randn(2, prefix + n, 2, 4, dtype=torch.float64, requires_grad=True)
+
+    def mixer(v, mu, sigma, weight):
+        ky, kx, _ = fused.fixed_tables(mu, sigma, weight, *grid)
+        return fused.fixed_mix(v, ky, kx, prefix)
+
+    out = mixer(v, mu, sigma, weight)
+    patches = v[:, prefix:]
+    torch.testing.assert_close(out[:, prefix:], torch.einsum("hqj,bjhd->bqhd", ssog_matrix(mu, sigma, weight, grid),
+                                                             patches))
+    torch.testing.assert_close(out[:, :prefix], patches.mean(1, keepdim=True).expand(-1, prefix, -1, -1))
+    assert torch.autograd.gradcheck(mixer, (v, mu, sigma, weight))
+
+
+def test_cpu_table_gradients_agree_with_both_pytorch_routes(monkeypatch):
+    """The compiled kernel of the tables' gradient against the dense and the separable routes."""
+    from ssog.ops import cpp_kernels, fused
+
+    if not cpp_kernels.available():
+        pytest.skip(cpp_kernels.unavailable_reason())
+    for grid in ((5, 7), (8, 8), (3, 12)):
+        mu, sigma, weight = fixed_params(3, 4, dtype=torch.float32)
+        ky, kx, _ = fused.fixed_tables(mu, sigma, weight, *grid)
+        v, grad = (torch.randn(2, 1 + grid[0] * grid[1], 3 * 16) for _ in range(2))
+        compiled = fused.fixed_mix_table_grads(grad, v, ky, kx, 1)
+        for dense in (True, False):
+            with monkeypatch.context() as patch:
+                patch.setattr(cpp_kernels, "supports", lambda v: False)
+                patch.setattr(fused, "dense_costs", lambda *a, dense=dense, **k: (dense, 0, 0, 0))
+                routed = fused.fixed_mix_table_grads(grad, v, ky, kx, 1)
+            for got, want in zip(compiled, routed):
+                assert relative_error(got, want) < 1e-5, (grid, dense)
+
+
+def test_flop_counter_counts_the_fused_mixing_in_separable_form():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ssog.ops import fused
+
+    mu, sigma, weight = fixed_params(2, 3, dtype=torch.float32)
+    ky, kx, _ = fused.fixed_tables(mu, sigma, weight, 4, 5)
+    v = torch.randn(3, 21, 2 * 16)
+    with FlopCounterMode(display=False) as counter:
+        fused.fixed_mix(v, ky, kx, 1)
+    assert counter.get_total_flops() == 2 * 3 * 2 * 3 * 20 * (4 + 5) * 16  # 2 B H R N (Hg + Wg) d
+
+
 # ------------------------------------------------------------------------ dispatch
 @pytest.fixture
 def without_cpp(monkeypatch):
@@ -671,13 +756,15 @@ def test_the_largest_accepted_centre_gives_finite_kernels():
     assert torch.equal(a[0, :, 3 * 5], torch.ones(20))  # all mass on the bottom-left key
 
 
-@pytest.mark.parametrize("backend", ["dense", "separable", "local", "cpp"])
+@pytest.mark.parametrize("backend", ["dense", "separable", "local", "cpp", "fused"])
 @pytest.mark.parametrize("steered", [False, True])
 def test_far_centres_give_the_exact_finite_kernel_on_every_backend(backend, steered):
     from ssog.ops import cpp_kernels
 
     if backend == "cpp" and not cpp_kernels.available():
         pytest.skip(cpp_kernels.unavailable_reason())
+    if backend == "fused" and steered:
+        pytest.skip("the fused ops take fixed kernels only")
     v = torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))
     for centre, width in ((1e6, 10.0), (1e6, 1e3), (2.0**20, 1e5)):
         shape = (1, 2, 16, 1) if steered else (2, 1)

@@ -149,7 +149,9 @@ fixed_mix_transposed.register_fake(_fake_mix)
 
 
 def _by_head(v: Tensor, heads: int) -> Tensor:
-    """``v (B, T, H, d)``, or ``(B, T, H*d)`` viewed as such."""
+    """``v (B, T, H, d)``, or ``(B, T, H*d)`` viewed as such, with contiguous features (a copy
+    only where they are not: an expanded gradient, say)."""
+    v = v if v.stride(-1) == 1 else v.contiguous()
     return v if v.dim() == 4 else v.unflatten(-1, (heads, -1))
 
 
