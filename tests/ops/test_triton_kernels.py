@@ -100,7 +100,7 @@ for name, bad in (("sigma", (sigma, 0, 0.0)), ("mu", (mu, 1, float("nan"))), ("m
     assert not bool(fused.fixed_tables(tensors["mu"], tensors["sigma"], tensors["weight"], 5, 7)[2]), (name, value)
 assert bool(fused.fixed_tables(mu, sigma, weight, 5, 7)[2])
 
-# Each function launches the kernels LAUNCHES says (what ssog.bench.dispatch counts per op on CUDA).
+# Each op launches the kernels CUDA_LAUNCHES says (what ssog.bench.dispatch counts per op).
 launched = []
 for kernel in ("_tables_kernel", "_mix_kernel", "_table_gradient_kernel", "_tables_backward_kernel"):
     original = getattr(triton_kernels, kernel)
@@ -114,14 +114,14 @@ for kernel in ("_tables_kernel", "_mix_kernel", "_table_gradient_kernel", "_tabl
 mu, sigma, weight = params(2, 3, 7)
 ky, kx, _ = fused.fixed_tables(mu, sigma, weight, 4, 5)
 v = torch.randn(2, 21, 32)
-for name, call in (("tables", lambda: fused.fixed_tables(mu, sigma, weight, 4, 5)),
-                   ("mix", lambda: fused.fixed_mix(v, ky, kx, 1)),
-                   ("mix", lambda: fused.fixed_mix_transposed(v, ky, kx, 1)),
-                   ("table_gradients", lambda: fused.fixed_mix_table_grads(v, v, ky, kx, 1)),
-                   ("tables_backward", lambda: fused.fixed_tables_backward(ky, kx, mu, sigma, weight))):
+for name, call in (("fixed_tables", lambda: fused.fixed_tables(mu, sigma, weight, 4, 5)),
+                   ("fixed_mix", lambda: fused.fixed_mix(v, ky, kx, 1)),
+                   ("fixed_mix_transposed", lambda: fused.fixed_mix_transposed(v, ky, kx, 1)),
+                   ("fixed_mix_table_grads", lambda: fused.fixed_mix_table_grads(v, v, ky, kx, 1)),
+                   ("fixed_tables_backward", lambda: fused.fixed_tables_backward(ky, kx, mu, sigma, weight))):
     launched.clear()
     call()
-    assert len(launched) == triton_kernels.LAUNCHES[name], (name, launched)
+    assert len(launched) == fused.CUDA_LAUNCHES[name], (name, launched)
 
 # steered kernels are not these kernels' job
 steered = torch.zeros(1, 2, 20, 3, 2)

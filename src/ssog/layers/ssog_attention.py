@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..ops import fused, ssog_matrix
-from ..ops.capture import capturing_graph, functorch_wrapped
+from ..ops.capture import capturing_graph, functorch_wrapped, holds_values
 from ..ops.checks import MAX_CENTRE_OFFSET, check_steer, check_tokens
 from ..ops.functional import forced_backend_name, matrix_unchecked, mix_unchecked
-from ..ops.kernels import kernel_dtype
 from ..ops.registry import BACKENDS, check_backend
 from ._tokens import prefix_mean_rows, refuse_torchscript
 from .options import check_heads, check_integer, check_number, check_probability
@@ -448,17 +447,16 @@ class SSoGAttention(nn.Module):
 
     def fixed_tables(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """The fixed mixture's 1-D kernels on ``grid_size``: ``ky (H, R, Hg, Hg)`` with the mixture
-        weights folded in and ``kx (H, R, Wg, Wg)`` (float32; float64 for float64 parameters),
-        from one op (:func:`ssog.ops.fused.fixed_tables`). In inference (no gradients, outside
-        graph capture) they are kept until the parameters change (:meth:`_mixture_key`)."""
-        keep = not torch.is_grad_enabled() and not capturing_graph()
+        weights folded in and ``kx (H, R, Wg, Wg)`` (float32, whatever the parameters' dtype;
+        float64 for float64 parameters), from one op (:func:`ssog.ops.fused.fixed_tables`). In inference (no gradients, outside
+        graph capture, over parameters with values) they are kept until the parameters change
+        (:meth:`_mixture_key`)."""
+        keep = not torch.is_grad_enabled() and not capturing_graph() and holds_values(self.mu)
         if keep:
             key = (tuple(grid_size), self._mixture_key())
             if self._tables_cache is not None and self._tables_cache[0] == key:
                 return self._tables_cache[1]
-        dtype = kernel_dtype(self.mu.dtype)
-        mu, sigma, weight = (t if t.dtype == dtype else t.to(dtype) for t in (self.mu, self.sigma(), self.weight()))
-        ky, kx, _ = fused.fixed_tables(mu, sigma, weight, *grid_size)
+        ky, kx, _ = fused.fixed_tables(self.mu, self.sigma(), self.weight(), *grid_size)
         if keep:
             self._tables_cache = (key, (ky, kx))
         return ky, kx

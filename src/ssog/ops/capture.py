@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["any_batch", "any_grid", "capturing_graph", "exporting_graph", "functorch_wrapped"]
+__all__ = ["any_batch", "any_grid", "capturing_graph", "exporting_graph", "functorch_wrapped", "holds_values"]
 
 
 def capturing_graph() -> bool:
@@ -56,3 +57,10 @@ def functorch_wrapped(*tensors: Tensor) -> bool:
     if torch.compiler.is_compiling():
         return False
     return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def holds_values(tensor: Tensor) -> bool:
+    """Whether ``tensor`` has values in memory: not a meta tensor nor a fake one
+    (``FakeTensorMode``, which ``torch.compile`` and the dispatch counts use), whose data
+    cannot key a cache."""
+    return tensor.device.type != "meta" and not is_fake(tensor)

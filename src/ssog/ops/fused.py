@@ -38,9 +38,18 @@ from torch.utils.flop_counter import register_flop_formula
 from . import backends, cpp_kernels
 from .checks import parameters_in_range
 from .costs import dense_costs
-from .kernels import fixed_kernel_pair, gaussian_rows, gaussian_rows_backward
+from .kernels import fixed_kernel_pair, gaussian_rows, gaussian_rows_backward, kernel_dtype
 
-__all__ = ["fixed_mix", "fixed_mix_table_grads", "fixed_mix_transposed", "fixed_tables", "fixed_tables_backward"]
+__all__ = [
+    "CUDA_LAUNCHES", "fixed_mix", "fixed_mix_table_grads", "fixed_mix_transposed", "fixed_tables", "fixed_tables_backward",
+]
+
+#: Kernel launches of each op's CUDA kernel (:mod:`ssog.ops.triton_kernels`; the tests count them
+#: under Triton's interpreter): what :mod:`ssog.bench.dispatch` counts for a call of the op.
+CUDA_LAUNCHES = {
+    "fixed_tables": 1, "fixed_mix": 1, "fixed_mix_transposed": 1, "fixed_mix_table_grads": 2,
+    "fixed_tables_backward": 1,
+}
 
 
 def _triton_kernels(device: torch.device, dtype: torch.dtype) -> ModuleType | None:
@@ -56,12 +65,15 @@ def _triton_kernels(device: torch.device, dtype: torch.dtype) -> ModuleType | No
 # ------------------------------------------------------------------------------ tables
 @torch.library.custom_op("ssog::fixed_tables", mutates_args=())
 def fixed_tables(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``ky (H, R, rows, rows)`` with the weights folded in, ``kx (H, R, cols, cols)`` (the dtype
-    of ``mu``: float32 or float64) and ``valid`` (0-dim bool) from ``mu, sigma (H, R, 2)`` and
-    ``weight (H, R)`` of one dtype."""
-    kernels = _triton_kernels(mu.device, mu.dtype) if mu.dtype == torch.float32 else None
+    """``ky (H, R, rows, rows)`` with the weights folded in, ``kx (H, R, cols, cols)`` and
+    ``valid`` (0-dim bool) from ``mu, sigma (H, R, 2)`` and ``weight (H, R)`` of one float
+    dtype; the tables in float32 (float64 for float64 parameters), built in that precision
+    whatever the parameters' (a half-precision model's are converted in the kernel)."""
+    dtype = kernel_dtype(mu.dtype)
+    kernels = _triton_kernels(mu.device, mu.dtype) if dtype == torch.float32 else None
     if kernels is not None:
         return kernels.tables(mu, sigma, weight, rows, cols)
+    mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
     ky, kx = fixed_kernel_pair(mu, sigma, weight, (rows, cols))
     return ky.contiguous(), kx.contiguous(), parameters_in_range(mu, sigma, weight, (rows, cols))
 
@@ -69,18 +81,24 @@ def fixed_tables(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int
 @fixed_tables.register_fake
 def _(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
     heads, atoms, _ = mu.shape
+    dtype = kernel_dtype(mu.dtype)
     valid = torch.empty((), dtype=torch.bool, device=mu.device)
-    return mu.new_empty(heads, atoms, rows, rows), mu.new_empty(heads, atoms, cols, cols), valid
+    return (mu.new_empty(heads, atoms, rows, rows, dtype=dtype), mu.new_empty(heads, atoms, cols, cols, dtype=dtype),
+            valid)
 
 
 @torch.library.custom_op("ssog::fixed_tables_backward", mutates_args=())
 def fixed_tables_backward(
     grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients of ``mu``, ``sigma`` and ``weight`` from those of ``ky`` and ``kx``."""
-    kernels = _triton_kernels(mu.device, mu.dtype) if mu.dtype == torch.float32 else None
+    """The gradients of ``mu``, ``sigma`` and ``weight`` (their dtypes) from those of ``ky`` and
+    ``kx`` (the tables' dtype)."""
+    dtype = grad_ky.dtype
+    kernels = _triton_kernels(mu.device, mu.dtype) if dtype == torch.float32 else None
     if kernels is not None:
         return kernels.tables_backward(grad_ky, grad_kx, mu, sigma, weight)
+    dtypes = [t.dtype for t in (mu, sigma, weight)]
+    mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
     grad_mu, grad_sigma = torch.empty_like(mu), torch.empty_like(sigma)
     grad_weight = torch.empty_like(weight)
     for axis, grad in enumerate((grad_ky, grad_kx)):
@@ -95,7 +113,7 @@ def fixed_tables_backward(
         assert grad_centre is not None and grad_width is not None  # both asked for
         grad_mu[..., axis] = grad_centre.sum(dim=-1)
         grad_sigma[..., axis] = grad_width.sum(dim=-1)
-    return grad_mu, grad_sigma, grad_weight
+    return grad_mu.to(dtypes[0]), grad_sigma.to(dtypes[1]), grad_weight.to(dtypes[2])
 
 
 @fixed_tables_backward.register_fake

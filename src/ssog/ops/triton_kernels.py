@@ -46,12 +46,7 @@ try:
 except ImportError:  # pragma: no cover - exercised where triton is not installed
     triton = None
 
-__all__ = ["LAUNCHES", "available", "mix", "table_gradients", "tables", "tables_backward", "takes"]
-
-#: Kernel launches per call of each function here: what :mod:`ssog.bench.dispatch` counts
-#: for the registered ops whose CUDA kernels they are (tests check it by counting launches
-#: under the interpreter).
-LAUNCHES = {"tables": 1, "mix": 1, "table_gradients": 2, "tables_backward": 1}
+__all__ = ["available", "mix", "table_gradients", "tables", "tables_backward", "takes"]
 
 #: gaussian_rows' logit floor, 2 ln(eps) of float32: tail values below eps^2 of the peak.
 _LOGIT_FLOOR = 2.0 * math.log(torch.finfo(torch.float32).eps)
@@ -99,9 +94,9 @@ if triton is not None:
         length = tl.where(axis == 0, rows, cols)
         query = tl.program_id(2) * BLOCK_Q + tl.arange(0, BLOCK_Q)
         key = tl.arange(0, BLOCK_L)
-        mu = tl.load(mu_ptr + head_atom * 2 + axis)
-        sigma = tl.load(sigma_ptr + head_atom * 2 + axis)
-        weight = tl.where(axis == 0, tl.load(weight_ptr + head_atom), 1.0)
+        mu = tl.load(mu_ptr + head_atom * 2 + axis).to(tl.float32)
+        sigma = tl.load(sigma_ptr + head_atom * 2 + axis).to(tl.float32)
+        weight = tl.where(axis == 0, tl.load(weight_ptr + head_atom).to(tl.float32), 1.0)
         rows_out = _unit_rows(query[:, None].to(tl.float32) + mu, sigma + tl.zeros((BLOCK_Q, 1), tl.float32),
                               key[None, :].to(tl.float32), length) * weight
         offsets = head_atom * length * length + query[:, None] * length + key[None, :]
@@ -114,23 +109,23 @@ if triton is not None:
             # every parameter, as ssog.ops.checks._in_range does (NaN fails each comparison)
             index = tl.arange(0, BLOCK_P)
             pairs = index < 2 * count
-            offset = tl.abs(tl.load(mu_ptr + index, mask=pairs, other=0.0))
+            offset = tl.abs(tl.load(mu_ptr + index, mask=pairs, other=0.0).to(tl.float32))
             grid_length = tl.where(index % 2 == 0, rows, cols).to(tl.float32)
-            reach = (grid_length + offset) / tl.load(sigma_ptr + index, mask=pairs, other=1.0)
+            reach = (grid_length + offset) / tl.load(sigma_ptr + index, mask=pairs, other=1.0).to(tl.float32)
             ok = (reach > 0.0) & (reach < _MAX_REACH) & (offset <= _MAX_OFFSET)
-            weights = tl.abs(tl.load(weight_ptr + index, mask=index < count, other=0.0))
+            weights = tl.abs(tl.load(weight_ptr + index, mask=index < count, other=0.0).to(tl.float32))
             ok = ok & (weights <= 3.4028234663852886e38)
             tl.store(valid_ptr, tl.min(tl.where(pairs, ok, True).to(tl.int32), axis=0) > 0)
 
 
 def tables(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
     """``ky (H, R, Hg, Hg)`` (weights folded in), ``kx (H, R, Wg, Wg)`` in float32 and a 0-dim
-    bool, whether the parameters pass the value checks; from float32 ``mu, sigma (H, R, 2)``
-    and ``weight (H, R)``."""
+    bool, whether the parameters pass the value checks; from ``mu, sigma (H, R, 2)`` and
+    ``weight (H, R)`` in float32, float16 or bfloat16 (computed in float32)."""
     heads, atoms, _ = mu.shape
     mu, sigma, weight = (t.contiguous() for t in (mu, sigma, weight))
-    ky = mu.new_empty(heads, atoms, rows, rows)
-    kx = mu.new_empty(heads, atoms, cols, cols)
+    ky = mu.new_empty(heads, atoms, rows, rows, dtype=torch.float32)
+    kx = mu.new_empty(heads, atoms, cols, cols, dtype=torch.float32)
     valid = torch.empty((), dtype=torch.bool, device=mu.device)
     length = max(rows, cols)
     block_l = max(16, triton.next_power_of_2(length))
@@ -307,9 +302,9 @@ if triton is not None:
         head_atom = tl.program_id(0)
         axis = tl.program_id(1)
         length = tl.where(axis == 0, rows, cols)
-        mu = tl.load(mu_ptr + head_atom * 2 + axis)
-        sigma = tl.load(sigma_ptr + head_atom * 2 + axis)
-        weight = tl.where(axis == 0, tl.load(weight_ptr + head_atom), 1.0)
+        mu = tl.load(mu_ptr + head_atom * 2 + axis).to(tl.float32)
+        sigma = tl.load(sigma_ptr + head_atom * 2 + axis).to(tl.float32)
+        weight = tl.where(axis == 0, tl.load(weight_ptr + head_atom).to(tl.float32), 1.0)
         key = tl.arange(0, BLOCK_L)[None, :]
         grad_offset = tl.zeros((BLOCK_Q,), dtype=tl.float32)
         grad_width = tl.zeros((BLOCK_Q,), dtype=tl.float32)
@@ -332,10 +327,12 @@ if triton is not None:
             grad_offset += tl.sum(grad_logits * distance, axis=1)
             grad_width += tl.sum(grad_logits * distance * distance, axis=1)
         variance = sigma * sigma
-        tl.store(grad_mu_ptr + head_atom * 2 + axis, tl.sum(grad_offset, axis=0) / variance)
-        tl.store(grad_sigma_ptr + head_atom * 2 + axis, tl.sum(grad_width, axis=0) / (variance * sigma))
+        grad_mu = tl.sum(grad_offset, axis=0) / variance
+        grad_sigma = tl.sum(grad_width, axis=0) / (variance * sigma)
+        tl.store(grad_mu_ptr + head_atom * 2 + axis, grad_mu.to(grad_mu_ptr.dtype.element_ty))
+        tl.store(grad_sigma_ptr + head_atom * 2 + axis, grad_sigma.to(grad_sigma_ptr.dtype.element_ty))
         if axis == 0:
-            tl.store(grad_weight_ptr + head_atom, tl.sum(grad_weight, axis=0))
+            tl.store(grad_weight_ptr + head_atom, tl.sum(grad_weight, axis=0).to(grad_weight_ptr.dtype.element_ty))
 
 
 #: Precision of the products per value dtype (:func:`_dot`). Under Triton 3.8's CPU interpreter a
@@ -411,8 +408,8 @@ def table_gradients(grad: Tensor, v: Tensor, ky: Tensor, kx: Tensor, prefix: int
 def tables_backward(
     grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``grad_mu, grad_sigma (H, R, 2)`` and ``grad_weight (H, R)`` from the tables' gradients
-    (float32, contiguous) and the float32 parameters."""
+    """``grad_mu, grad_sigma (H, R, 2)`` and ``grad_weight (H, R)`` (the parameters' dtypes) from
+    the tables' float32 gradients and the parameters."""
     heads, atoms, rows, _ = grad_ky.shape
     cols = grad_kx.shape[-1]
     grad_mu, grad_sigma = torch.empty_like(mu), torch.empty_like(sigma)
