@@ -404,6 +404,10 @@ def registered_op_cases():
             (torch.ops.ssog.fixed_mix_table_grads, (v, v.flip(0), ky, kx, prefix)),
             (torch.ops.ssog.fixed_tables_backward, (ky, kx, mu, sigma, weight)),
             (torch.ops.ssog.fixed_tables, tuple(t.clone().requires_grad_() for t in (mu, sigma, weight)) + (4, 5)),
+            (torch.ops.ssog.layer_tables, (mu, sigma.log(), weight.log(), 0.25, 4, 5)),
+            (torch.ops.ssog.layer_tables,
+             tuple(t.clone().requires_grad_() for t in (mu, sigma, weight)) + (0.25, 4, 5)),
+            (torch.ops.ssog.layer_tables_backward, (ky, kx, mu, sigma, weight, 0.25)),
         ]
     return cases
 
@@ -411,6 +415,18 @@ def registered_op_cases():
 def test_registered_ops_pass_opcheck():
     for op, args in registered_op_cases():
         torch.library.opcheck(op, args)
+
+
+def test_layer_tables_are_the_fixed_tables_of_the_layers_parameterisation():
+    from ssog.layers import SSoGAttention
+    from ssog.ops import fused
+
+    layer = SSoGAttention(24, 3, num_atoms=4).double()
+    parameters = (layer.mu, layer.rho, layer.logits)
+    for got, want in zip(fused.layer_tables(*parameters, layer.sigma_min, 5, 7),
+                         fused.fixed_tables(layer.mu, layer.sigma(), layer.weight(), 5, 7)):
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda *p: fused.layer_tables(*p, layer.sigma_min, 5, 7)[:2], parameters)
 
 
 @pytest.mark.parametrize("prefix", [0, 1, 3])

@@ -48,11 +48,13 @@ for grid, prefix, heads, atoms, dim in [((5, 7), 1, 2, 3, 20), ((14, 14), 0, 2, 
     for dtype, tolerance in TOLERANCE.items():
         # float64 values and gradients of the definition (autograd), from the same inputs: the
         # values and the output's gradient as rounded to dtype
-        leaves64 = [base.to(dtype).double().requires_grad_(), *(t.double().requires_grad_() for t in (mu, sigma, weight))]
+        leaves64 = [base.to(dtype).double().requires_grad_(),
+                    *(t.double().requires_grad_() for t in (mu, sigma, weight))]
         want = definition(leaves64[0], *leaves64[1:], grid, prefix)
         (want * probe.to(dtype).double()).sum().backward()
         want_grads = [t.grad for t in leaves64]
-        leaves = [base.to(dtype, copy=True).requires_grad_(), *(t.clone().requires_grad_() for t in (mu, sigma, weight))]
+        leaves = [base.to(dtype, copy=True).requires_grad_(),
+                  *(t.clone().requires_grad_() for t in (mu, sigma, weight))]
         ky, kx, valid = fused.fixed_tables(*leaves[1:], *grid)
         assert bool(valid)
         out = fused.fixed_mix(leaves[0].flatten(2), ky, kx, prefix).view_as(base)
@@ -64,6 +66,23 @@ for grid, prefix, heads, atoms, dim in [((5, 7), 1, 2, 3, 20), ((14, 14), 0, 2, 
             assert leaf.grad is not None, (grid, dtype, name)
             error = relative(leaf.grad, expected)
             assert error < tolerance, (grid, dtype, name, error)
+
+# The layer's parameterisation in the tables' kernels: sigma = sigma_min + softplus(rho), weight = softmax(logits).
+for grid in ((5, 7), (14, 14)):
+    layer = SSoGAttention(48, 3, num_atoms=4).double()
+    leaves64 = [p.detach().requires_grad_() for p in (layer.mu, layer.rho, layer.logits)]
+    tables64 = fused.layer_tables(*leaves64, layer.sigma_min, *grid)
+    generator = torch.Generator().manual_seed(8)
+    probes = [torch.randn(t.shape, dtype=torch.float64, generator=generator) for t in tables64[:2]]
+    sum((t * g).sum() for t, g in zip(tables64[:2], probes)).backward()
+    leaves = [t.detach().float().requires_grad_() for t in leaves64]
+    tables = fused.layer_tables(*leaves, layer.sigma_min, *grid)
+    assert bool(tables[2])
+    for got, want in zip(tables[:2], tables64[:2]):
+        assert relative(got, want.detach()) < 1e-5, grid
+    sum((t * g.float()).sum() for t, g in zip(tables[:2], probes)).backward()
+    for name, leaf, want in zip(("mu", "rho", "logits"), leaves, leaves64):
+        assert relative(leaf.grad, want.grad) < 1e-5, (grid, name)
 
 # The public op and the layer take the same kernels, in (B, H, N, d) and (B, T, D) layouts.
 grid, n = (5, 7), 35
@@ -115,6 +134,8 @@ mu, sigma, weight = params(2, 3, 7)
 ky, kx, _ = fused.fixed_tables(mu, sigma, weight, 4, 5)
 v = torch.randn(2, 21, 32)
 for name, call in (("fixed_tables", lambda: fused.fixed_tables(mu, sigma, weight, 4, 5)),
+                   ("layer_tables", lambda: fused.layer_tables(mu, sigma, weight, 0.25, 4, 5)),
+                   ("layer_tables_backward", lambda: fused.layer_tables_backward(ky, kx, mu, sigma, weight, 0.25)),
                    ("fixed_mix", lambda: fused.fixed_mix(v, ky, kx, 1)),
                    ("fixed_mix_transposed", lambda: fused.fixed_mix_transposed(v, ky, kx, 1)),
                    ("fixed_mix_table_grads", lambda: fused.fixed_mix_table_grads(v, v, ky, kx, 1)),

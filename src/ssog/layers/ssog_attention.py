@@ -448,15 +448,15 @@ class SSoGAttention(nn.Module):
     def fixed_tables(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """The fixed mixture's 1-D kernels on ``grid_size``: ``ky (H, R, Hg, Hg)`` with the mixture
         weights folded in and ``kx (H, R, Wg, Wg)`` (float32, whatever the parameters' dtype;
-        float64 for float64 parameters), from one op (:func:`ssog.ops.fused.fixed_tables`). In inference (no gradients, outside
-        graph capture, over parameters with values) they are kept until the parameters change
-        (:meth:`_mixture_key`)."""
+        float64 for float64 parameters), from one op (:func:`ssog.ops.fused.layer_tables`). In
+        inference (no gradients, outside graph capture, over parameters with values) they are kept
+        until the parameters change (:meth:`_mixture_key`)."""
         keep = not torch.is_grad_enabled() and not capturing_graph() and holds_values(self.mu)
         if keep:
             key = (tuple(grid_size), self._mixture_key())
             if self._tables_cache is not None and self._tables_cache[0] == key:
                 return self._tables_cache[1]
-        ky, kx, _ = fused.fixed_tables(self.mu, self.sigma(), self.weight(), *grid_size)
+        ky, kx, _ = fused.layer_tables(self.mu, self.rho, self.logits, self.sigma_min, *grid_size)
         if keep:
             self._tables_cache = (key, (ky, kx))
         return ky, kx

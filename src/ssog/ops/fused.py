@@ -6,7 +6,9 @@ Two ops do the forward pass, each one kernel launch on a GPU:
   ``ky (H, R, Hg, Hg)`` (mixture weights folded in) and ``kx (H, R, Wg, Wg)`` from ``mu,
   sigma (H, R, 2)`` and ``weight (H, R)``, and ``valid``, a 0-dim bool: whether the
   parameters pass :func:`ssog.ops.checks.check_parameter_values` (``torch._assert_async`` of
-  it checks them without a host synchronisation).
+  it checks them without a host synchronisation). ``ssog::layer_tables(mu, rho, logits,
+  sigma_min, rows, cols)`` is the same from the layer's parameters (``sigma = sigma_min +
+  softplus(rho)``, ``weight = softmax(logits)``, in the same launch).
 - ``ssog::fixed_mix(v, ky, kx, prefix) -> out``: the mixer's whole ``(P + N) x (P + N)``
   matrix applied to ``v (B, P + Hg*Wg, H, d)``, in the layout the value projection writes and
   the output projection reads (features contiguous, any other strides in; contiguous out):
@@ -14,8 +16,8 @@ Two ops do the forward pass, each one kernel launch on a GPU:
 
 Their backward passes are two more ops: ``ssog::fixed_mix_transposed`` (the values'
 gradient, the same mixing with the transposed tables) and ``ssog::fixed_mix_table_grads``
-(the tables' gradient), then ``ssog::fixed_tables_backward`` (the tables' gradient back to
-``mu``, ``sigma`` and ``weight``). The autograd rule saves ``v`` and the tables and recomputes
+(the tables' gradient), then ``ssog::fixed_tables_backward`` or ``ssog::layer_tables_backward``
+(the tables' gradient back to the parameters). The autograd rule saves ``v`` and the tables and recomputes
 the rest.
 
 Kernels: on CUDA (and under Triton's CPU interpreter, ``TRITON_INTERPRET=1``) the Triton
@@ -32,6 +34,7 @@ import os
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
@@ -41,14 +44,15 @@ from .costs import dense_costs
 from .kernels import fixed_kernel_pair, gaussian_rows, gaussian_rows_backward, kernel_dtype
 
 __all__ = [
-    "CUDA_LAUNCHES", "fixed_mix", "fixed_mix_table_grads", "fixed_mix_transposed", "fixed_tables", "fixed_tables_backward",
+    "CUDA_LAUNCHES", "fixed_mix", "fixed_mix_table_grads", "fixed_mix_transposed", "fixed_tables",
+    "fixed_tables_backward", "layer_tables", "layer_tables_backward",
 ]
 
 #: Kernel launches of each op's CUDA kernel (:mod:`ssog.ops.triton_kernels`; the tests count them
 #: under Triton's interpreter): what :mod:`ssog.bench.dispatch` counts for a call of the op.
 CUDA_LAUNCHES = {
-    "fixed_tables": 1, "fixed_mix": 1, "fixed_mix_transposed": 1, "fixed_mix_table_grads": 2,
-    "fixed_tables_backward": 1,
+    "fixed_tables": 1, "layer_tables": 1, "fixed_mix": 1, "fixed_mix_transposed": 1, "fixed_mix_table_grads": 2,
+    "fixed_tables_backward": 1, "layer_tables_backward": 1,
 }
 
 
@@ -63,42 +67,68 @@ def _triton_kernels(device: torch.device, dtype: torch.dtype) -> ModuleType | No
 
 
 # ------------------------------------------------------------------------------ tables
+def _tables(
+    mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int, sigma_min: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`fixed_tables`, or with ``sigma_min`` :func:`layer_tables` (``sigma`` and ``weight``
+    are then ``rho`` and ``logits``)."""
+    dtype = kernel_dtype(mu.dtype)
+    kernels = _triton_kernels(mu.device, mu.dtype) if dtype == torch.float32 else None
+    if kernels is not None:
+        return kernels.tables(mu, sigma, weight, rows, cols, sigma_min)
+    mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
+    if sigma_min is not None:
+        sigma, weight = sigma_min + F.softplus(sigma), weight.softmax(dim=-1)
+    ky, kx = fixed_kernel_pair(mu, sigma, weight, (rows, cols))
+    return ky.contiguous(), kx.contiguous(), parameters_in_range(mu, sigma, weight, (rows, cols))
+
+
 @torch.library.custom_op("ssog::fixed_tables", mutates_args=())
 def fixed_tables(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
     """``ky (H, R, rows, rows)`` with the weights folded in, ``kx (H, R, cols, cols)`` and
     ``valid`` (0-dim bool) from ``mu, sigma (H, R, 2)`` and ``weight (H, R)`` of one float
     dtype; the tables in float32 (float64 for float64 parameters), built in that precision
     whatever the parameters' (a half-precision model's are converted in the kernel)."""
-    dtype = kernel_dtype(mu.dtype)
-    kernels = _triton_kernels(mu.device, mu.dtype) if dtype == torch.float32 else None
-    if kernels is not None:
-        return kernels.tables(mu, sigma, weight, rows, cols)
-    mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
-    ky, kx = fixed_kernel_pair(mu, sigma, weight, (rows, cols))
-    return ky.contiguous(), kx.contiguous(), parameters_in_range(mu, sigma, weight, (rows, cols))
+    return _tables(mu, sigma, weight, rows, cols, None)
 
 
-@fixed_tables.register_fake
-def _(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
+@torch.library.custom_op("ssog::layer_tables", mutates_args=())
+def layer_tables(
+    mu: Tensor, rho: Tensor, logits: Tensor, sigma_min: float, rows: int, cols: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`fixed_tables` from the layer's parameters (:class:`ssog.layers.SSoGAttention`):
+    ``sigma = sigma_min + softplus(rho)`` and ``weight = softmax(logits)`` over each head's atoms,
+    computed in the same kernel, so a layer's forward pass builds its tables in one launch."""
+    return _tables(mu, rho, logits, rows, cols, sigma_min)
+
+
+def _fake_tables(mu: Tensor, sigma: Tensor, weight: Tensor, *sizes: float) -> tuple[Tensor, Tensor, Tensor]:
     heads, atoms, _ = mu.shape
+    rows, cols = (int(size) for size in sizes[-2:])
     dtype = kernel_dtype(mu.dtype)
     valid = torch.empty((), dtype=torch.bool, device=mu.device)
     return (mu.new_empty(heads, atoms, rows, rows, dtype=dtype), mu.new_empty(heads, atoms, cols, cols, dtype=dtype),
             valid)
 
 
-@torch.library.custom_op("ssog::fixed_tables_backward", mutates_args=())
-def fixed_tables_backward(
-    grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor
+fixed_tables.register_fake(_fake_tables)
+layer_tables.register_fake(_fake_tables)
+
+
+def _tables_backward_impl(
+    grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, sigma_min: float | None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients of ``mu``, ``sigma`` and ``weight`` (their dtypes) from those of ``ky`` and
-    ``kx`` (the tables' dtype)."""
+    """:func:`fixed_tables_backward`, or with ``sigma_min`` :func:`layer_tables_backward`."""
     dtype = grad_ky.dtype
     kernels = _triton_kernels(mu.device, mu.dtype) if dtype == torch.float32 else None
     if kernels is not None:
-        return kernels.tables_backward(grad_ky, grad_kx, mu, sigma, weight)
+        return kernels.tables_backward(grad_ky, grad_kx, mu, sigma, weight, sigma_min)
     dtypes = [t.dtype for t in (mu, sigma, weight)]
-    mu, sigma, weight = (t.to(dtype) for t in (mu, sigma, weight))
+    mu, rho, logits = (t.to(dtype) for t in (mu, sigma, weight))
+    if sigma_min is not None:
+        sigma, weight = sigma_min + F.softplus(rho), logits.softmax(dim=-1)
+    else:
+        sigma, weight = rho, logits
     grad_mu, grad_sigma = torch.empty_like(mu), torch.empty_like(sigma)
     grad_weight = torch.empty_like(weight)
     for axis, grad in enumerate((grad_ky, grad_kx)):
@@ -113,19 +143,44 @@ def fixed_tables_backward(
         assert grad_centre is not None and grad_width is not None  # both asked for
         grad_mu[..., axis] = grad_centre.sum(dim=-1)
         grad_sigma[..., axis] = grad_width.sum(dim=-1)
+    if sigma_min is not None:  # through softplus (its derivative: sigmoid) and the softmax's Jacobian
+        grad_sigma = grad_sigma * torch.sigmoid(rho)
+        grad_weight = weight * (grad_weight - (weight * grad_weight).sum(dim=-1, keepdim=True))
     return grad_mu.to(dtypes[0]), grad_sigma.to(dtypes[1]), grad_weight.to(dtypes[2])
 
 
-@fixed_tables_backward.register_fake
-def _(grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+@torch.library.custom_op("ssog::fixed_tables_backward", mutates_args=())
+def fixed_tables_backward(
+    grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of ``mu``, ``sigma`` and ``weight`` (their dtypes) from those of ``ky`` and
+    ``kx`` (the tables' dtype)."""
+    return _tables_backward_impl(grad_ky, grad_kx, mu, sigma, weight, None)
+
+
+@torch.library.custom_op("ssog::layer_tables_backward", mutates_args=())
+def layer_tables_backward(
+    grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, rho: Tensor, logits: Tensor, sigma_min: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of :func:`layer_tables`' ``mu``, ``rho`` and ``logits``."""
+    return _tables_backward_impl(grad_ky, grad_kx, mu, rho, logits, sigma_min)
+
+
+def _fake_tables_backward(grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor,
+                          *sigma_min: float) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(mu), torch.empty_like(sigma), torch.empty_like(weight)
 
 
+fixed_tables_backward.register_fake(_fake_tables_backward)
+layer_tables_backward.register_fake(_fake_tables_backward)
+
+
 def _tables_setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    mu, sigma, weight, rows, cols = inputs
+    mu, sigma, weight, *options = inputs
     ctx.mark_non_differentiable(output[2])
     ctx.set_materialize_grads(False)  # no zero gradient made for the flag
-    ctx.grid = (rows, cols)
+    ctx.sigma_min = options[0] if len(options) == 3 else None  # layer_tables: (sigma_min, rows, cols)
+    ctx.grid = tuple(options[-2:])
     ctx.save_for_backward(mu, sigma, weight)
 
 
@@ -133,12 +188,16 @@ def _tables_backward(ctx, grad_ky: Tensor | None, grad_kx: Tensor | None, _: Ten
     mu, sigma, weight = ctx.saved_tensors
     heads, atoms, _ = mu.shape
     rows, cols = ctx.grid
-    grad_ky = grad_ky if grad_ky is not None else mu.new_zeros(heads, atoms, rows, rows)  # a table no output used
-    grad_kx = grad_kx if grad_kx is not None else mu.new_zeros(heads, atoms, cols, cols)
-    return (*fixed_tables_backward(grad_ky, grad_kx, mu, sigma, weight), None, None)
+    dtype = kernel_dtype(mu.dtype)
+    grad_ky = grad_ky if grad_ky is not None else mu.new_zeros(heads, atoms, rows, rows, dtype=dtype)  # unused table
+    grad_kx = grad_kx if grad_kx is not None else mu.new_zeros(heads, atoms, cols, cols, dtype=dtype)
+    if ctx.sigma_min is None:
+        return (*fixed_tables_backward(grad_ky, grad_kx, mu, sigma, weight), None, None)
+    return (*layer_tables_backward(grad_ky, grad_kx, mu, sigma, weight, ctx.sigma_min), None, None, None)
 
 
 fixed_tables.register_autograd(_tables_backward, setup_context=_tables_setup_context)
+layer_tables.register_autograd(_tables_backward, setup_context=_tables_setup_context)
 
 
 # ------------------------------------------------------------------------------ mixing

@@ -84,9 +84,34 @@ if triton is not None:
         return value / tl.sum(value, axis=1)[:, None]
 
     @triton.jit
+    def _softplus(x):
+        """``log(1 + exp(x))`` without overflow (``torch.nn.functional.softplus``'s threshold of 20)."""
+        return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+    @triton.jit
+    def _atom_parameters(mu_ptr, sigma_ptr, weight_ptr, head, atom, axis, sigma_min, ATOMS: tl.constexpr,
+                         BLOCK_R: tl.constexpr, PARAMETERISED: tl.constexpr):
+        """``mu, sigma`` of one atom along one axis and its mixture weight, in float32: as given,
+        or (``PARAMETERISED``) ``sigma = sigma_min + softplus(rho)`` and ``weight = softmax(logits)``
+        over the head's atoms, from ``rho`` and ``logits`` in ``sigma_ptr`` and ``weight_ptr``."""
+        at = head * ATOMS + atom
+        mu = tl.load(mu_ptr + at * 2 + axis).to(tl.float32)
+        sigma = tl.load(sigma_ptr + at * 2 + axis).to(tl.float32)
+        if PARAMETERISED:
+            sigma = sigma_min + _softplus(sigma)
+            index = tl.arange(0, BLOCK_R)
+            logits = tl.load(weight_ptr + head * ATOMS + index, mask=index < ATOMS, other=-float("inf")).to(tl.float32)
+            shifted = tl.exp(logits - tl.max(logits, axis=0))
+            weight = tl.sum(tl.where(index == atom, shifted, 0.0), axis=0) / tl.sum(shifted, axis=0)
+        else:
+            weight = tl.load(weight_ptr + at).to(tl.float32)
+        return mu, sigma, weight
+
+    @triton.jit
     def _tables_kernel(
-        mu_ptr, sigma_ptr, weight_ptr, ky_ptr, kx_ptr, valid_ptr, rows, cols, count,
-        BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
+        mu_ptr, sigma_ptr, weight_ptr, ky_ptr, kx_ptr, valid_ptr, rows, cols, sigma_min,
+        ATOMS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
+        BLOCK_R: tl.constexpr, PARAMETERISED: tl.constexpr,
     ):
         """Program ``(head * R + atom, axis, query block)``: rows of ``ky`` (axis 0) or ``kx`` (axis 1)."""
         head_atom = tl.program_id(0)
@@ -94,9 +119,9 @@ if triton is not None:
         length = tl.where(axis == 0, rows, cols)
         query = tl.program_id(2) * BLOCK_Q + tl.arange(0, BLOCK_Q)
         key = tl.arange(0, BLOCK_L)
-        mu = tl.load(mu_ptr + head_atom * 2 + axis).to(tl.float32)
-        sigma = tl.load(sigma_ptr + head_atom * 2 + axis).to(tl.float32)
-        weight = tl.where(axis == 0, tl.load(weight_ptr + head_atom).to(tl.float32), 1.0)
+        mu, sigma, weight = _atom_parameters(mu_ptr, sigma_ptr, weight_ptr, head_atom // ATOMS, head_atom % ATOMS,
+                                             axis, sigma_min, ATOMS, BLOCK_R, PARAMETERISED)
+        weight = tl.where(axis == 0, weight, 1.0)
         rows_out = _unit_rows(query[:, None].to(tl.float32) + mu, sigma + tl.zeros((BLOCK_Q, 1), tl.float32),
                               key[None, :].to(tl.float32), length) * weight
         offsets = head_atom * length * length + query[:, None] * length + key[None, :]
@@ -107,21 +132,29 @@ if triton is not None:
             tl.store(kx_ptr + offsets, rows_out, mask=mask)
         if (head_atom == 0) & (axis == 0) & (tl.program_id(2) == 0):
             # every parameter, as ssog.ops.checks._in_range does (NaN fails each comparison)
+            count = tl.num_programs(0)
             index = tl.arange(0, BLOCK_P)
             pairs = index < 2 * count
             offset = tl.abs(tl.load(mu_ptr + index, mask=pairs, other=0.0).to(tl.float32))
             grid_length = tl.where(index % 2 == 0, rows, cols).to(tl.float32)
-            reach = (grid_length + offset) / tl.load(sigma_ptr + index, mask=pairs, other=1.0).to(tl.float32)
+            widths = tl.load(sigma_ptr + index, mask=pairs, other=1.0).to(tl.float32)
+            if PARAMETERISED:
+                widths = sigma_min + _softplus(widths)
+            reach = (grid_length + offset) / widths
             ok = (reach > 0.0) & (reach < _MAX_REACH) & (offset <= _MAX_OFFSET)
             weights = tl.abs(tl.load(weight_ptr + index, mask=index < count, other=0.0).to(tl.float32))
             ok = ok & (weights <= 3.4028234663852886e38)
             tl.store(valid_ptr, tl.min(tl.where(pairs, ok, True).to(tl.int32), axis=0) > 0)
 
 
-def tables(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
+def tables(
+    mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int, sigma_min: float | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """``ky (H, R, Hg, Hg)`` (weights folded in), ``kx (H, R, Wg, Wg)`` in float32 and a 0-dim
     bool, whether the parameters pass the value checks; from ``mu, sigma (H, R, 2)`` and
-    ``weight (H, R)`` in float32, float16 or bfloat16 (computed in float32)."""
+    ``weight (H, R)`` in float32, float16 or bfloat16 (computed in float32). With ``sigma_min``,
+    ``sigma`` and ``weight`` are the layer's ``rho`` and ``logits``:
+    ``sigma = sigma_min + softplus(rho)``, ``weight = softmax(logits)`` over each head's atoms."""
     heads, atoms, _ = mu.shape
     mu, sigma, weight = (t.contiguous() for t in (mu, sigma, weight))
     ky = mu.new_empty(heads, atoms, rows, rows, dtype=torch.float32)
@@ -132,8 +165,9 @@ def tables(mu: Tensor, sigma: Tensor, weight: Tensor, rows: int, cols: int) -> t
     block_q = max(1, min(16, 4096 // block_l))
     grid = (heads * atoms, 2, triton.cdiv(length, block_q))
     _tables_kernel[grid](
-        mu, sigma, weight, ky, kx, valid, rows, cols, heads * atoms,
-        BLOCK_Q=block_q, BLOCK_L=block_l, BLOCK_P=max(16, triton.next_power_of_2(2 * heads * atoms)),
+        mu, sigma, weight, ky, kx, valid, rows, cols, 0.0 if sigma_min is None else sigma_min,
+        ATOMS=atoms, BLOCK_Q=block_q, BLOCK_L=block_l, BLOCK_P=max(16, triton.next_power_of_2(2 * heads * atoms)),
+        BLOCK_R=max(2, triton.next_power_of_2(atoms)), PARAMETERISED=sigma_min is not None,
     )
     return ky, kx, valid
 
@@ -295,44 +329,57 @@ if triton is not None:
     @triton.jit
     def _tables_backward_kernel(
         grad_ky_ptr, grad_kx_ptr, mu_ptr, sigma_ptr, weight_ptr, grad_mu_ptr, grad_sigma_ptr, grad_weight_ptr,
-        rows, cols, BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr,
+        rows, cols, sigma_min, ATOMS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr,
+        BLOCK_R: tl.constexpr, PARAMETERISED: tl.constexpr,
     ):
-        """Program ``(head * R + atom, axis)``: the gradients of its ``mu``, ``sigma`` (and, axis 0,
-        ``weight``) from the gradient of its table."""
-        head_atom = tl.program_id(0)
-        axis = tl.program_id(1)
-        length = tl.where(axis == 0, rows, cols)
-        mu = tl.load(mu_ptr + head_atom * 2 + axis).to(tl.float32)
-        sigma = tl.load(sigma_ptr + head_atom * 2 + axis).to(tl.float32)
-        weight = tl.where(axis == 0, tl.load(weight_ptr + head_atom).to(tl.float32), 1.0)
+        """Program ``head``: the gradients of its atoms' ``mu``, ``sigma`` (``rho``) and weights
+        (``logits``) from the gradients of their tables."""
+        head = tl.program_id(0)
+        atom_index = tl.arange(0, BLOCK_R)
         key = tl.arange(0, BLOCK_L)[None, :]
-        grad_offset = tl.zeros((BLOCK_Q,), dtype=tl.float32)
-        grad_width = tl.zeros((BLOCK_Q,), dtype=tl.float32)
-        grad_weight = tl.zeros((BLOCK_Q,), dtype=tl.float32)
-        for q0 in range(0, length, BLOCK_Q):
-            query = q0 + tl.arange(0, BLOCK_Q)[:, None]
-            centre = query.to(tl.float32) + mu
-            unit = _unit_rows(centre, sigma + tl.zeros((BLOCK_Q, 1), tl.float32), key.to(tl.float32), length)
-            offsets = head_atom * length * length + query * length + key
-            mask = (query < length) & (key < length)
-            if axis == 0:
-                grad = tl.load(grad_ky_ptr + offsets, mask=mask, other=0.0)
-            else:
-                grad = tl.load(grad_kx_ptr + offsets, mask=mask, other=0.0)
-            grad_weight += tl.sum(grad * unit, axis=1)
-            grad = grad * weight  # the gradient of the unit rows
-            grad_logits = unit * (grad - tl.sum(unit * grad, axis=1)[:, None])
-            grad_logits = tl.where(mask, grad_logits, 0.0)
-            distance = key.to(tl.float32) - centre
-            grad_offset += tl.sum(grad_logits * distance, axis=1)
-            grad_width += tl.sum(grad_logits * distance * distance, axis=1)
-        variance = sigma * sigma
-        grad_mu = tl.sum(grad_offset, axis=0) / variance
-        grad_sigma = tl.sum(grad_width, axis=0) / (variance * sigma)
-        tl.store(grad_mu_ptr + head_atom * 2 + axis, grad_mu.to(grad_mu_ptr.dtype.element_ty))
-        tl.store(grad_sigma_ptr + head_atom * 2 + axis, grad_sigma.to(grad_sigma_ptr.dtype.element_ty))
-        if axis == 0:
-            tl.store(grad_weight_ptr + head_atom, tl.sum(grad_weight, axis=0).to(grad_weight_ptr.dtype.element_ty))
+        grad_weights = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        weights = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for atom in tl.static_range(ATOMS):
+            head_atom = head * ATOMS + atom
+            for axis in tl.static_range(2):
+                length = rows if axis == 0 else cols
+                mu, sigma, weight = _atom_parameters(mu_ptr, sigma_ptr, weight_ptr, head, atom, axis, sigma_min,
+                                                     ATOMS, BLOCK_R, PARAMETERISED)
+                grad_offset = tl.zeros((BLOCK_Q,), dtype=tl.float32)
+                grad_width = tl.zeros((BLOCK_Q,), dtype=tl.float32)
+                grad_weight = tl.zeros((BLOCK_Q,), dtype=tl.float32)
+                for q0 in range(0, length, BLOCK_Q):
+                    query = q0 + tl.arange(0, BLOCK_Q)[:, None]
+                    centre = query.to(tl.float32) + mu
+                    unit = _unit_rows(centre, sigma + tl.zeros((BLOCK_Q, 1), tl.float32), key.to(tl.float32), length)
+                    offsets = head_atom * length * length + query * length + key
+                    mask = (query < length) & (key < length)
+                    if axis == 0:  # ky carries the weight: its gradient, then the unit rows'
+                        grad = tl.load(grad_ky_ptr + offsets, mask=mask, other=0.0)
+                        grad_weight += tl.sum(grad * unit, axis=1)
+                        grad = grad * weight
+                    else:
+                        grad = tl.load(grad_kx_ptr + offsets, mask=mask, other=0.0)
+                    grad_logits = unit * (grad - tl.sum(unit * grad, axis=1)[:, None])
+                    grad_logits = tl.where(mask, grad_logits, 0.0)
+                    distance = key.to(tl.float32) - centre
+                    grad_offset += tl.sum(grad_logits * distance, axis=1)
+                    grad_width += tl.sum(grad_logits * distance * distance, axis=1)
+                variance = sigma * sigma
+                grad_sigma = tl.sum(grad_width, axis=0) / (variance * sigma)
+                if PARAMETERISED:  # sigma = sigma_min + softplus(rho): d sigma / d rho = sigmoid(rho)
+                    rho = tl.load(sigma_ptr + head_atom * 2 + axis).to(tl.float32)
+                    grad_sigma = grad_sigma / (1.0 + tl.exp(-rho))
+                tl.store(grad_mu_ptr + head_atom * 2 + axis,
+                         (tl.sum(grad_offset, axis=0) / variance).to(grad_mu_ptr.dtype.element_ty))
+                tl.store(grad_sigma_ptr + head_atom * 2 + axis, grad_sigma.to(grad_sigma_ptr.dtype.element_ty))
+                if axis == 0:
+                    grad_weights = tl.where(atom_index == atom, tl.sum(grad_weight, axis=0), grad_weights)
+                    weights = tl.where(atom_index == atom, weight, weights)
+        if PARAMETERISED:  # weight = softmax(logits): through the softmax's Jacobian
+            grad_weights = weights * (grad_weights - tl.sum(weights * grad_weights, axis=0))
+        tl.store(grad_weight_ptr + head * ATOMS + atom_index, grad_weights.to(grad_weight_ptr.dtype.element_ty),
+                 mask=atom_index < ATOMS)
 
 
 #: Precision of the products per value dtype (:func:`_dot`). Under Triton 3.8's CPU interpreter a
@@ -406,17 +453,18 @@ def table_gradients(grad: Tensor, v: Tensor, ky: Tensor, kx: Tensor, prefix: int
 
 
 def tables_backward(
-    grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor
+    grad_ky: Tensor, grad_kx: Tensor, mu: Tensor, sigma: Tensor, weight: Tensor, sigma_min: float | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``grad_mu, grad_sigma (H, R, 2)`` and ``grad_weight (H, R)`` (the parameters' dtypes) from
-    the tables' float32 gradients and the parameters."""
+    """The gradients of ``mu``, ``sigma`` and ``weight`` (:func:`tables`' arguments, ``rho`` and
+    ``logits`` with ``sigma_min``; their dtypes) from the tables' float32 gradients."""
     heads, atoms, rows, _ = grad_ky.shape
     cols = grad_kx.shape[-1]
-    grad_mu, grad_sigma = torch.empty_like(mu), torch.empty_like(sigma)
-    grad_weight = torch.empty_like(weight)
+    mu, sigma, weight = (t.contiguous() for t in (mu, sigma, weight))
+    grad_mu, grad_sigma, grad_weight = torch.empty_like(mu), torch.empty_like(sigma), torch.empty_like(weight)
     block_l = max(16, triton.next_power_of_2(max(rows, cols)))
-    _tables_backward_kernel[(heads * atoms, 2)](
-        grad_ky.contiguous(), grad_kx.contiguous(), mu.contiguous(), sigma.contiguous(), weight.contiguous(),
-        grad_mu, grad_sigma, grad_weight, rows, cols, BLOCK_Q=max(1, min(16, 4096 // block_l)), BLOCK_L=block_l,
+    _tables_backward_kernel[(heads,)](
+        grad_ky.contiguous(), grad_kx.contiguous(), mu, sigma, weight, grad_mu, grad_sigma, grad_weight, rows, cols,
+        0.0 if sigma_min is None else sigma_min, ATOMS=atoms, BLOCK_Q=max(1, min(16, 4096 // block_l)),
+        BLOCK_L=block_l, BLOCK_R=max(2, triton.next_power_of_2(atoms)), PARAMETERISED=sigma_min is not None,
     )
     return grad_mu, grad_sigma, grad_weight
