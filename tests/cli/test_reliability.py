@@ -692,6 +692,27 @@ def test_a_run_whose_folder_is_removed_stops_without_recreating_it(tmp_path, mon
     assert not run.exists()
 
 
+def test_a_run_whose_lock_is_taken_over_stops_and_leaves_the_new_owners_lock(tmp_path, monkeypatch, capsys,
+                                                                             tiny_config):
+    from ssog.files import FolderLock
+    from ssog.train.engine import Trainer
+
+    run = tmp_path / "run"
+    end_epoch = Trainer._end_epoch
+    other = json.dumps({"pid": 4242, "host": "node17", "started": "later", "heartbeat_s": 60})
+
+    def taken_over(self):  # its machine was thought lost, and a run on another took the folder over
+        (run / FolderLock.NAME).write_text(other)
+        return end_epoch(self)
+
+    monkeypatch.setattr(Trainer, "_end_epoch", taken_over)
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert f"the run folder {run} (or its lock .ssog-run.lock) was taken over by another process while the run " \
+           "trained; stopped without writing there" in _error_line(capsys)
+    assert not (run / "last.safetensors").exists()
+    assert (run / FolderLock.NAME).read_text() == other  # released: its own lock only
+
+
 def test_a_full_disk_while_claiming_leaves_no_lock(tmp_path, monkeypatch, capsys, tiny_config):
     import errno
     import os
