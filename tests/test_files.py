@@ -8,8 +8,10 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -295,6 +297,67 @@ def test_a_lock_that_is_a_symbolic_link_is_named_as_such(target, tmp_path):
                                                         f"a lock ssog wrote; if no run uses {tmp_path}, remove it")):
         FolderLock(tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "the user's"
+
+
+def test_a_link_is_written_through_and_kept(tmp_path):
+    (tmp_path / "results").mkdir()
+    target = tmp_path / "results" / "metrics.json"
+    target.write_text("earlier")
+    link = tmp_path / "metrics.json"
+    link.symlink_to(target)
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_atomic(link, "new", overwrite=False)
+    write_atomic(link, "new")
+    assert link.is_symlink() and link.read_text() == target.read_text() == "new"
+    dangling = tmp_path / "later.json"
+    dangling.symlink_to(tmp_path / "results" / "later.json")
+    write_atomic(dangling, "first", overwrite=False)
+    assert dangling.is_symlink() and (tmp_path / "results" / "later.json").read_text() == "first"
+    assert not [p for p in (tmp_path / "results").iterdir() if is_temporary(p)]
+
+
+def test_a_pipe_is_written_into_never_replaced(tmp_path):
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    write_atomic(fifo, "through the pipe", overwrite=False)  # nothing stored is replaced: no --overwrite needed
+    reader.join(timeout=30)
+    assert received == ["through the pipe"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.fifo"]
+    files.check_output_file(fifo, "--output", overwrite=False)
+
+
+def test_a_folder_or_a_socket_is_never_replaced_by_a_file(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with pytest.raises(WriteError, match=f"{folder} is a folder, not a file; nothing was written"):
+        write_atomic(folder, "x")
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(tmp_path / "s.sock"))
+        with pytest.raises(WriteError, match="s.sock is a socket, not a file"):
+            write_atomic(tmp_path / "s.sock", "x")
+        assert stat.S_ISSOCK(os.lstat(tmp_path / "s.sock").st_mode)
+    finally:
+        server.close()
+
+
+def test_an_output_file_is_checked_before_the_work(tmp_path):
+    check = files.check_output_file
+    with pytest.raises(ValueError, match=f"--dry-run-report {tmp_path} is a folder, not a file; give the file"):
+        check(tmp_path, "--dry-run-report", overwrite=True)
+    with pytest.raises(ValueError, match=f"--output {tmp_path}/no/r.json: its folder {tmp_path}/no does not exist"):
+        check(tmp_path / "no" / "r.json", "--output", overwrite=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=f"its folder {tmp_path}/file is not a folder"):
+        check(tmp_path / "file" / "r.json", "--output", overwrite=False)
+    with pytest.raises(FileExistsError, match="file already exists"):
+        check(tmp_path / "file", "--output", overwrite=False)
+    check(tmp_path / "file", "--output", overwrite=True)
+    check(tmp_path / "new.json", "--output", overwrite=False)
 
 
 def test_temporaries_are_marked():

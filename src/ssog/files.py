@@ -8,6 +8,10 @@ moment leaves either the old file or the new one, never a part of one; a full di
 old file and a one-line :class:`WriteError` (``disk full (ENOSPC) writing RUN/last.safetensors;
 the previous file is kept``).
 
+What a path points to is never replaced: a symbolic link is written through (its target
+replaced, the link kept), and a character device or a pipe (``/dev/null``, ``/dev/stdout``, a
+FIFO) is written into, not replaced by a regular file.
+
 Results are never replaced unless asked (:func:`refuse_existing`, ``--overwrite``), and a
 training run claims its folder with :class:`FolderLock` so that two runs never share one.
 """
@@ -17,7 +21,10 @@ import errno
 import json
 import os
 import secrets
+import shutil
 import socket
+import stat
+import tempfile
 import threading
 import time
 from contextlib import contextmanager, suppress
@@ -25,9 +32,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, TypeGuard
 
 __all__ = [
-    "LOCK_HEARTBEAT_S", "LOCK_STALE_AFTER_S", "TEMP_MARK", "FolderLock", "WriteError", "clear_results", "holds_lock",
-    "is_temporary", "new_file_mode", "refuse_existing",
-    "replacing", "save_figure", "temporary_path", "write_atomic",
+    "LOCK_HEARTBEAT_S", "LOCK_STALE_AFTER_S", "TEMP_MARK", "FolderLock", "WriteError", "check_output_file",
+    "clear_results", "holds_lock", "is_temporary", "new_file_mode", "refuse_existing", "replacing", "save_figure",
+    "temporary_path", "write_atomic",
 ]
 
 #: Part of the name of every temporary file ``ssog`` writes (``.NAME.<pid>-<hex>.ssog-tmp<suffix>``);
@@ -117,6 +124,35 @@ def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
     tmp.unlink(missing_ok=True)
 
 
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` (links followed) is a character device or a pipe: what is written there
+    is passed on, not stored (``/dev/null``, ``/dev/stdout``, a FIFO)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` (links followed) is when it exists and is neither a regular file nor a
+    stream (:func:`_is_stream`): a folder, a block device or a socket, which no write replaces."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return None
+
+
+def _written_file(path: Path) -> Path:
+    """The file a write to ``path`` replaces: the target of a symbolic link (written through,
+    the link kept), else ``path`` itself."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 @contextmanager
 def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]]:
     """Temporaries for ``paths``, moved over them together when the block ends without error.
@@ -124,27 +160,43 @@ def replacing(*paths: str | Path, overwrite: bool = True) -> Iterator[list[Path]
     Write each temporary in the block (create it by name: it does not exist yet). At the end
     each is flushed to disk, given ordinary permissions and renamed over its path, in order, so
     several files (a run's ``best`` and ``last`` checkpoints) change together or not at all,
-    but for the renames themselves. On any error every temporary is removed, and an OSError
-    becomes a one-line :class:`WriteError`. ``overwrite=False`` refuses existing paths
-    (FileExistsError).
+    but for the renames themselves. A path that is a symbolic link is written through (its
+    target replaced, the link kept); a character device or a pipe is written into, its
+    temporary kept in the system's temporary folder. On any error every temporary is removed,
+    and an OSError becomes a one-line :class:`WriteError`; a folder, a block device or a
+    socket is refused before the block. ``overwrite=False`` refuses existing paths
+    (FileExistsError), streams excepted: writing into them replaces nothing.
     """
-    files = [Path(path) for path in paths]
+    given = [Path(path) for path in paths]
+    streams = [_is_stream(path) for path in given]
+    files = [path if stream else _written_file(path) for path, stream in zip(given, streams)]
+    for path in files:
+        what = _not_a_file(path)
+        if what is not None:
+            raise WriteError(errno.EISDIR if what == "a folder" else errno.EINVAL,
+                             f"{path} is {what}, not a file; nothing was written")
     existed = [path.exists() for path in files]
     if not overwrite:
-        refuse_existing(files)
-    temporaries = [temporary_path(path) for path in files]
+        refuse_existing(path for path, stream in zip(files, streams) if not stream)
+    temporaries = [temporary_path(Path(tempfile.gettempdir()) / path.name if stream else path)
+                   for path, stream in zip(files, streams)]
     current = None  # the path being written when an error comes
     try:
         yield temporaries
         mode = new_file_mode()
-        for path, tmp in zip(files, temporaries):
+        for path, tmp, stream in zip(files, temporaries, streams):
             current = path
-            _fsync(tmp)
-            os.chmod(tmp, mode)
-        for path, tmp in zip(files, temporaries):
+            if not stream:
+                _fsync(tmp)
+                os.chmod(tmp, mode)
+        for path, tmp, stream in zip(files, temporaries, streams):
             current = path
-            _publish(tmp, path, overwrite)
-        for folder in dict.fromkeys(path.parent for path in files):
+            if stream:
+                with open(tmp, "rb") as source, open(path, "wb") as sink:
+                    shutil.copyfileobj(source, sink)
+            else:
+                _publish(tmp, path, overwrite)
+        for folder in dict.fromkeys(path.parent for path, stream in zip(files, streams) if not stream):
             _fsync(folder)  # make the renames themselves durable
     except FileExistsError:
         raise
@@ -189,6 +241,27 @@ def refuse_existing(paths: Iterable[str | Path], what: str = "", flag: str = "--
         holds = f" ({what})" if what else ""
         raise FileExistsError(errno.EEXIST, f"{shown} already exist{'s' if len(found) == 1 else ''}{holds}; "
                                             f"pass {flag} to replace, or choose another {option}")
+
+
+def check_output_file(path: str | Path, option: str, overwrite: bool) -> None:
+    """Raise ValueError, before a command's work, when the file ``path`` (given as ``option``)
+    cannot be written there: a folder, a block device or a socket, or a file in a folder that
+    does not exist; and FileExistsError for an existing file unless ``overwrite``
+    (:func:`refuse_existing`). A character device or a pipe (``/dev/null``, ``/dev/stdout``, a
+    FIFO) is written into (:func:`replacing`): nothing to refuse."""
+    given = Path(path).expanduser()
+    if _is_stream(given):
+        return
+    what = _not_a_file(given)
+    if what is not None:
+        raise ValueError(f"{option} {path} is {what}, not a file; give the file to write")
+    folder = _written_file(given).parent
+    if not folder.is_dir():
+        state = "is not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"{option} {path}: its folder {folder} {state}; create it, or give a file in a folder "
+                         "that exists")
+    if not overwrite:
+        refuse_existing([given], option, option=option)
 
 
 def clear_results(folder: str | Path, patterns: Iterable[str], *, overwrite: bool, what: str) -> None:
