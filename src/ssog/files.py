@@ -394,10 +394,15 @@ class FolderLock:
     def _holds(self) -> bool:
         """Whether the folder's lock is still this one: not removed, not taken over."""
         try:
-            with open(self.path, "rb") as handle:
-                return handle.read(len(self._payload) + 1) == self._payload
+            descriptor = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return False
+        try:
+            return os.read(descriptor, len(self._payload) + 1) == self._payload
+        except OSError:
+            return False
+        finally:
+            os.close(descriptor)
 
     def _beat(self) -> None:
         while not self._released.wait(LOCK_HEARTBEAT_S):
