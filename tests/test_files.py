@@ -6,9 +6,12 @@ import errno
 import json
 import os
 import re
+import signal
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -163,7 +166,8 @@ def test_the_lock_of_a_dead_process_is_taken_over_with_a_note(tmp_path):
 
 
 def _foreign_lock(folder, heartbeat_age: float, **record) -> None:
-    """A lock of a live-looking process on another machine whose heartbeat is ``heartbeat_age`` s old."""
+    """A lock of a live-looking process on another machine (``record`` changes it) whose heartbeat is
+    ``heartbeat_age`` s old."""
     path = folder / FolderLock.NAME
     path.write_text(json.dumps({"pid": 4242, "host": "node17", "started": "earlier", "what": "training run",
                                 "heartbeat_s": files.LOCK_HEARTBEAT_S, **record}))
@@ -216,6 +220,145 @@ def test_a_held_lock_beats_until_released(tmp_path, monkeypatch):
     lock.release()
     time.sleep(0.2)
     assert not lock.path.exists()  # the heartbeat never recreates a released lock
+
+def test_a_lock_of_a_live_process_of_this_host_is_never_taken_over(tmp_path):
+    paused = subprocess.Popen(["sleep", "60"])  # a run paused with Ctrl-Z: alive, and its heartbeat stopped
+    try:
+        os.kill(paused.pid, signal.SIGSTOP)
+        _foreign_lock(tmp_path, heartbeat_age=10 * files.LOCK_STALE_AFTER_S, pid=paused.pid,
+                      host=socket.gethostname())
+        with pytest.raises(FileExistsError, match=rf"in use by process {paused.pid} on {socket.gethostname()} .*"
+                                                  r"\(it runs on this machine, and the lock of a running process is "
+                                                  r"never taken over\)"):
+            FolderLock(tmp_path)
+        assert json.loads((tmp_path / FolderLock.NAME).read_text())["pid"] == paused.pid
+    finally:
+        paused.kill()
+        paused.wait()
+    with FolderLock(tmp_path) as lock:  # once it has ended, its lock is taken over at once
+        assert lock.note.endswith("it no longer runs")
+
+
+def test_of_two_processes_taking_over_one_stale_lock_one_wins(tmp_path, monkeypatch):
+    _foreign_lock(tmp_path, heartbeat_age=files.LOCK_STALE_AFTER_S + 5)
+    rename, first = os.rename, []
+
+    def the_other_took_it_over_first(source, target):
+        # both judged the lock stale; the other process moved it away and wrote its own before this one moves it
+        monkeypatch.setattr(files.os, "rename", rename)
+        first.append(FolderLock(tmp_path))
+        return rename(source, target)
+
+    monkeypatch.setattr(files.os, "rename", the_other_took_it_over_first)
+    with pytest.raises(FileExistsError, match=f"in use by process {os.getpid()} on "):
+        FolderLock(tmp_path)
+    winner = first[0]
+    assert winner.note and "heartbeat stopped" in winner.note
+    assert (tmp_path / FolderLock.NAME).read_bytes() == winner._payload  # the winner's lock is where it was
+    assert [p.name for p in tmp_path.iterdir()] == [FolderLock.NAME]  # and nothing else is left
+    winner.release()
+    assert not (tmp_path / FolderLock.NAME).exists()
+
+
+def test_release_removes_only_its_own_lock(tmp_path):
+    lock = FolderLock(tmp_path)
+    # its machine lost, another run took the folder over; then this one ends and releases
+    _foreign_lock(tmp_path, heartbeat_age=0)
+    taken = (tmp_path / FolderLock.NAME).read_bytes()
+    lock.release()
+    assert (tmp_path / FolderLock.NAME).read_bytes() == taken
+    assert not files.holds_lock(tmp_path)
+
+
+@pytest.mark.parametrize("pid", [-1, 0, 2**80, True, "4242", None])
+def test_a_lock_naming_an_impossible_process_is_one_line(pid, tmp_path):
+    (tmp_path / FolderLock.NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "heartbeat_s": 60}))
+    with pytest.raises(FileExistsError) as caught:
+        FolderLock(tmp_path)
+    assert str(caught.value) == (f"[Errno 17] {tmp_path / FolderLock.NAME} names process {pid!r}, which no process "
+                                 f"can be: it is not a lock ssog wrote; if no run uses {tmp_path}, remove it")
+    assert (tmp_path / FolderLock.NAME).exists()
+
+
+def test_a_heartbeat_in_the_future_is_said_to_be_there(tmp_path):
+    _foreign_lock(tmp_path, heartbeat_age=-3600)  # the clock that stamped it is an hour ahead of this machine's
+    with pytest.raises(FileExistsError, match=r"in use by process 4242 on node17 .*\(its heartbeat is 3600 s in the "
+                                              r"future: this machine's clock and the clock that stamped the lock "
+                                              "disagree; "):
+        FolderLock(tmp_path)
+
+
+@pytest.mark.parametrize("target", ["gone", "notes.txt"])
+def test_a_lock_that_is_a_symbolic_link_is_named_as_such(target, tmp_path):
+    (tmp_path / "notes.txt").write_text("the user's")
+    (tmp_path / FolderLock.NAME).symlink_to(target)
+    state = "a dangling symbolic link" if target == "gone" else "a symbolic link"
+    with pytest.raises(FileExistsError, match=re.escape(f"{tmp_path / FolderLock.NAME} is {state} (to {target}), not "
+                                                        f"a lock ssog wrote; if no run uses {tmp_path}, remove it")):
+        FolderLock(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "the user's"
+
+
+def test_a_link_is_written_through_and_kept(tmp_path):
+    (tmp_path / "results").mkdir()
+    target = tmp_path / "results" / "metrics.json"
+    target.write_text("earlier")
+    link = tmp_path / "metrics.json"
+    link.symlink_to(target)
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_atomic(link, "new", overwrite=False)
+    write_atomic(link, "new")
+    assert link.is_symlink() and link.read_text() == target.read_text() == "new"
+    dangling = tmp_path / "later.json"
+    dangling.symlink_to(tmp_path / "results" / "later.json")
+    write_atomic(dangling, "first", overwrite=False)
+    assert dangling.is_symlink() and (tmp_path / "results" / "later.json").read_text() == "first"
+    assert not [p for p in (tmp_path / "results").iterdir() if is_temporary(p)]
+
+
+def test_a_pipe_is_written_into_never_replaced(tmp_path):
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    write_atomic(fifo, "through the pipe", overwrite=False)  # nothing stored is replaced: no --overwrite needed
+    reader.join(timeout=30)
+    assert received == ["through the pipe"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.fifo"]
+    files.check_output_file(fifo, "--output", overwrite=False)
+
+
+def test_a_folder_or_a_socket_is_never_replaced_by_a_file(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with pytest.raises(WriteError, match=f"{folder} is a folder, not a file; nothing was written"):
+        write_atomic(folder, "x")
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(tmp_path / "s.sock"))
+        with pytest.raises(WriteError, match="s.sock is a socket, not a file"):
+            write_atomic(tmp_path / "s.sock", "x")
+        assert stat.S_ISSOCK(os.lstat(tmp_path / "s.sock").st_mode)
+    finally:
+        server.close()
+
+
+def test_an_output_file_is_checked_before_the_work(tmp_path):
+    check = files.check_output_file
+    with pytest.raises(ValueError, match=f"--dry-run-report {tmp_path} is a folder, not a file; give the file"):
+        check(tmp_path, "--dry-run-report", overwrite=True)
+    with pytest.raises(ValueError, match=f"--output {tmp_path}/no/r.json: its folder {tmp_path}/no does not exist"):
+        check(tmp_path / "no" / "r.json", "--output", overwrite=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=f"its folder {tmp_path}/file is not a folder"):
+        check(tmp_path / "file" / "r.json", "--output", overwrite=False)
+    with pytest.raises(FileExistsError, match="file already exists"):
+        check(tmp_path / "file", "--output", overwrite=False)
+    check(tmp_path / "file", "--output", overwrite=True)
+    check(tmp_path / "new.json", "--output", overwrite=False)
+
 
 def test_temporaries_are_marked():
     assert is_temporary(".last.safetensors.123-abcd.ssog-tmp.safetensors")

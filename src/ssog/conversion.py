@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from timm.models.vision_transformer import VisionTransformer
@@ -66,6 +66,7 @@ def convert(
     if getattr(model, "dynamic_img_size", False):
         raise ValueError("convert() needs a fixed token grid: build the timm model with dynamic_img_size=False")
     _refuse_rotary(model, blocks)
+    _refuse_other_attention(model, blocks)
     if global_pool is not None:
         _pool_patches(model, global_pool)
     ssog_options = {"kernel_scale": kernel_scale_for_grid(patch_embed.grid_size, kernel_units), **ssog_options}
@@ -97,6 +98,46 @@ def _refuse_rotary(model: nn.Module, blocks: Sequence[Any]) -> None:
             "position embeddings (RoPE), which rotate queries and keys, and SSoG mixes by position with neither, so "
             "its blocks' call attn(x, rope=...) has no SSoG counterpart; convert a ViT with absolute position "
             "embeddings (vit_*, deit_*)")
+
+
+#: The weights of an attention that SSoG keeps (the value slice of ``qkv``, ``proj``) or drops
+#: with the queries and keys they act on (``q_norm``, ``k_norm``); any other has no place in it.
+_ATTENTION_WEIGHTS = ("qkv.", "proj.", "q_norm.", "k_norm.")
+
+
+def _refuse_other_attention(model: nn.Module, blocks: Sequence[Any]) -> None:
+    """A ValueError, before anything changes, for a model whose attention is not the plain
+    self-attention of each block that SSoG replaces: CaiT's class-attention blocks, blocks of
+    parallel branches (no single ``attn``), relative position biases (BEiT, the relative-position
+    ViTs), and any attention holding weights SSoG has no place for (a talking-heads mix)."""
+    cannot = f"convert() cannot convert {_model_name(model)} ({type(model).__name__})"
+    if getattr(model, "blocks_token_only", None) is not None:
+        raise ValueError(f"{cannot}: its class-attention blocks (blocks_token_only) let the class token attend to the "
+                         "patches by query and key, and SSoG, which mixes patches by position, has neither; convert a "
+                         "ViT whose blocks are plain self-attention (vit_*, deit_*)")
+    for index, block in enumerate(blocks):
+        attn = getattr(block, "attn", None)
+        if not isinstance(attn, nn.Module):
+            raise ValueError(f"{cannot}: blocks.{index} ({type(block).__name__}) has no single attention attn to "
+                             "replace: its attention runs in parallel branches or is fused with its MLP; convert a "
+                             "ViT of sequential blocks (vit_*, deit_*)")
+        weights = list(attn.state_dict())
+        relative = getattr(model, "rel_pos_bias", None) is not None \
+            or any("rel_pos" in name for name in inspect.signature(attn.forward).parameters) \
+            or any(name.startswith(("relative_position", "rel_pos.")) for name in weights)
+        if relative:
+            raise ValueError(f"{cannot}: its attention adds relative position biases to the query-key scores, and "
+                             "SSoG mixes by position with neither queries nor keys, so they have no place in it; "
+                             "convert a ViT with absolute position embeddings (vit_*, deit_*)")
+        unplaced = _unplaced_weights(name for name in weights if not name.startswith("norm."))  # norm: kept
+        if unplaced:
+            raise ValueError(f"{cannot}: blocks.{index}.attn ({type(attn).__name__}) holds {', '.join(unplaced[:5])}, "
+                             "which SSoG has no place for (it keeps qkv's value slice and proj)")
+
+
+def _unplaced_weights(names: Iterable[str]) -> list[str]:
+    """The names of an attention's weights (relative to it) that are none of :data:`_ATTENTION_WEIGHTS`."""
+    return sorted(name for name in names if not name.startswith(_ATTENTION_WEIGHTS))
 
 
 def _model_name(model: nn.Module) -> str:
@@ -149,7 +190,7 @@ def convert_state_dict(
         if f"{prefix}qkv.weight" not in state:
             continue
         attention = {k[len(prefix):]: state.pop(k) for k in list(state) if k.startswith(prefix)}
-        unknown = sorted(k for k in attention if not k.startswith(("qkv.", "proj.", "q_norm.", "k_norm.")))
+        unknown = _unplaced_weights(attention)
         if unknown:
             raise ValueError(f"{name}: attention weights {unknown} have no place in an SSoG mixer")
         state.update({prefix + k: v for k, v in _ssog_projections(attention, mixer.dim, name).items()})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 from pathlib import Path
@@ -10,9 +11,11 @@ from typing import Iterator
 import torch
 
 __all__ = [
-    "DTYPES", "PLOT_EXTRA", "STOP_SIGNALS", "autocast", "check_plotting", "cpu_seconds", "is_out_of_memory",
-    "resolve_device", "resolve_dtype", "torch_settings",
+    "DTYPES", "PLOT_EXTRA", "STOP_SIGNALS", "autocast", "check_plotting", "cpu_seconds", "cpu_threads",
+    "is_out_of_memory", "resolve_device", "resolve_dtype", "torch_settings", "usable_cpus",
 ]
+
+logger = logging.getLogger(__name__)
 
 # torch reports a failed CPU allocation as a plain RuntimeError (torch 2.14: torch.empty(2**50)
 # raises "RuntimeError: [enforce fail at alloc_cpu.cpp] ... DefaultCPUAllocator: can't allocate
@@ -148,13 +151,35 @@ def available_memory_bytes() -> int | None:
         return None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the system tells it (a batch
+    job's share of a machine), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads(threads: int, setting: str = "threads") -> int:
+    """``threads`` (the user's ``setting``) capped at :func:`usable_cpus`, with a warning when
+    capped: a thread beyond the cores only waits for one, and torch's parallel regions wait
+    for every thread (1000 threads on 2 cores turned a 5 s dry run into minutes)."""
+    cpus = usable_cpus()
+    if threads > cpus:
+        logger.warning(f"{setting} {threads} is more than the {cpus} CPU{'s' if cpus > 1 else ''} this process may "
+                       f"use, where the extra threads could only wait for a core; using {cpus}")
+        return cpus
+    return threads
+
+
 @contextlib.contextmanager
 def torch_settings(device: torch.device, threads: int | None = None, deterministic: bool = False) -> Iterator[None]:
-    """CPU ``threads`` (on a CPU ``device``, when given) and ``deterministic`` algorithms for the
-    block, restored afterwards (training and evaluation are also library calls)."""
+    """CPU ``threads`` (on a CPU ``device``, when given; capped by :func:`cpu_threads`) and
+    ``deterministic`` algorithms for the block, restored afterwards (training and evaluation
+    are also library calls)."""
     saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
     if device.type == "cpu" and threads:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(cpu_threads(threads))
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
     torch.use_deterministic_algorithms(deterministic)

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import signal
+import stat
 import subprocess
 import time
 
@@ -447,6 +448,35 @@ def test_eval_output_never_replaces_a_file_unasked_nor_leaves_a_partial_one(one_
     assert not metrics.exists() and not list(one_epoch_run.parent.glob(".metrics*"))
 
 
+def test_eval_output_writes_into_a_pipe_and_through_a_link_never_replacing_them(one_epoch_run, capsys):
+    import os
+    import threading
+
+    fifo = one_epoch_run.parent / "metrics.fifo"  # as /dev/stdout or /dev/null: what is written is passed on
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(fifo)]) == 0
+    reader.join(timeout=60)
+    assert json.loads(received[0])["checkpoint"] == str(one_epoch_run / "best.safetensors")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+    kept = one_epoch_run.parent / "kept"
+    kept.mkdir()
+    (kept / "metrics.json").write_text("{}")
+    link = one_epoch_run.parent / "metrics.json"
+    link.symlink_to(kept / "metrics.json")
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(link)]) == 2
+    assert "already exists (--output); pass --overwrite" in _error_line(capsys, "eval")
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(link), "--overwrite"]) == 0
+    assert link.is_symlink() and json.loads((kept / "metrics.json").read_text())["acc1"] >= 0
+    (one_epoch_run.parent / "to_summary.json").symlink_to(one_epoch_run / "summary.json")  # a run's file, by a link
+    assert main(["eval", "--checkpoint", str(one_epoch_run), "--output", str(one_epoch_run.parent / "to_summary.json"),
+                 "--overwrite"]) == 2
+    assert "is a file of the run in" in _error_line(capsys, "eval")
+
+
 @pytest.mark.slow
 def test_bench_and_analyze_refuse_earlier_results_before_working(tmp_path, monkeypatch, capsys):
     from ssog.bench import sweep
@@ -663,6 +693,10 @@ def test_the_dry_run_report_refuses_an_existing_file_unless_overwrite(tmp_path, 
                "--dry-run-report" in _error_line(capsys)
         assert main([*args, "--dry-run-report", ""]) == 2
         assert "--dry-run-report is empty" in _error_line(capsys)
+        assert main([*args, "--dry-run-report", str(tmp_path), "--overwrite"]) == 2
+        assert f"--dry-run-report {tmp_path} is a folder, not a file; give the file to write" in _error_line(capsys)
+        assert main([*args, "--dry-run-report", str(tmp_path / "reports" / "r.json")]) == 2
+        assert f"its folder {tmp_path / 'reports'} does not exist; create it" in _error_line(capsys)
         recipe = tmp_path / "recipe.yaml"
         recipe.write_text("epochs: 1\n")
         assert main([*args, "--config", str(recipe), "--dry-run-report", str(recipe), "--overwrite"]) == 2
@@ -690,6 +724,27 @@ def test_a_run_whose_folder_is_removed_stops_without_recreating_it(tmp_path, mon
     assert f"the run folder {run} (or its lock .ssog-run.lock) was removed while the run trained; stopped without " \
            "writing there" in _error_line(capsys)
     assert not run.exists()
+
+
+def test_a_run_whose_lock_is_taken_over_stops_and_leaves_the_new_owners_lock(tmp_path, monkeypatch, capsys,
+                                                                             tiny_config):
+    from ssog.files import FolderLock
+    from ssog.train.engine import Trainer
+
+    run = tmp_path / "run"
+    end_epoch = Trainer._end_epoch
+    other = json.dumps({"pid": 4242, "host": "node17", "started": "later", "heartbeat_s": 60})
+
+    def taken_over(self):  # its machine was thought lost, and a run on another took the folder over
+        (run / FolderLock.NAME).write_text(other)
+        return end_epoch(self)
+
+    monkeypatch.setattr(Trainer, "_end_epoch", taken_over)
+    assert main(["train", *_synthetic_args(tiny_config, run)]) == 2
+    assert f"the run folder {run} (or its lock .ssog-run.lock) was taken over by another process while the run " \
+           "trained; stopped without writing there" in _error_line(capsys)
+    assert not (run / "last.safetensors").exists()
+    assert (run / FolderLock.NAME).read_text() == other  # released: its own lock only
 
 
 def test_a_full_disk_while_claiming_leaves_no_lock(tmp_path, monkeypatch, capsys, tiny_config):

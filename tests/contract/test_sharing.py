@@ -230,6 +230,74 @@ def test_released_weights_are_checked_as_a_runs_are(folder_run, tmp_path, capsys
         assert message in printed.strip().splitlines()[-1] and "Traceback" not in printed
 
 
+def _edited_release(released: Path, copy: Path, edit=None) -> Path:
+    """A copy of the folder ``released`` whose ``config.json`` ``edit(config)`` changed in place."""
+    copy.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (copy / name).write_bytes((released / name).read_bytes())
+    if edit is not None:
+        config = json.loads((copy / "config.json").read_text())
+        edit(config)
+        (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def test_a_release_without_class_names_says_its_classes_cannot_be_checked(folder_run, tmp_path, capsys):
+    _, released, _ = folder_run
+
+    def no_label_names(config):
+        del config["label_names"], config["pretrained_cfg"]["label_names"]
+
+    unnamed = _edited_release(released, tmp_path / "unnamed", no_label_names)
+    other = image_tree(tmp_path / "pets", splits=("",), classes=("ant", "bee", "cow"), size=8)
+    assert main(["eval", "--checkpoint", str(unnamed), "--data-dir", str(other), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert (f"warning: local-dir:{unnamed} names no classes (its config.json has no label_names), so the class "
+            f"folders of {other} cannot be checked against the classes it was trained on: they are taken in sorted "
+            "order as its classes 0..2 (ant, bee, cow)") in captured.err
+    assert "on imagefolder val from" in captured.out
+
+
+def test_a_release_whose_data_config_disagrees_with_its_model_is_read_at_the_models_size(folder_run, tmp_path,
+                                                                                         capsys):
+    _, released, data = folder_run
+    folder = ["--data-dir", str(data / "train"), "--device", "cpu", "--json"]
+    assert main(["eval", "--checkpoint", str(released), *folder]) == 0
+    expected = json.loads(capsys.readouterr().out)
+
+    def twice_the_size(config):
+        config["pretrained_cfg"]["input_size"] = [3, 16, 16]  # the model and its weights are 8 px
+
+    larger = _edited_release(released, tmp_path / "larger", twice_the_size)
+    assert main(["eval", "--checkpoint", str(larger), *folder]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert (result["img_size"], result["grid"], result["loss"]) == (8, [4, 4], expected["loss"])
+    assert (f"the released model local-dir:{larger} was built for 8x8 images, the size its weights fit, but its "
+            "config.json's pretrained_cfg input_size is [3, 16, 16]; its data is read at the model's size"
+            ) in captured.err
+
+    def no_crop(config):
+        config["pretrained_cfg"]["crop_pct"] = None
+
+    uncropped = _edited_release(released, tmp_path / "uncropped", no_crop)
+    assert main(["eval", "--checkpoint", str(uncropped), *folder]) == 0
+    assert (f"the released model local-dir:{uncropped} gives no crop_pct in its config.json's pretrained_cfg; "
+            "timm's default 0.875 is used") in capsys.readouterr().err
+
+
+def test_a_truncated_release_is_one_line(folder_run, tmp_path, capsys):
+    _, released, data = folder_run
+    cut = _edited_release(released, tmp_path / "cut")
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    assert main(["eval", "--checkpoint", str(cut), "--data-dir", str(data), "--device", "cpu"]) == 2
+    printed = capsys.readouterr().err
+    assert f"cannot build the released model local-dir:{cut} through timm: SafetensorError: " in \
+        printed.strip().splitlines()[-1]
+    assert "Traceback" not in printed
+
+
 def test_a_released_folder_is_analysed_as_its_run(folder_run, tmp_path, capsys):
     run, released, _ = folder_run
     rows = {}

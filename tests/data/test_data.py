@@ -105,6 +105,50 @@ def test_imagefolder_val_classes_must_match(tmp_path):
         build_datasets("imagefolder", str(tmp_path))
 
 
+def test_a_folder_of_classes_named_train_and_val_is_read_as_classes(tmp_path):
+    from ssog.data import evaluation_folder
+    from ssog.data.folder import imagefolder_layout
+
+    root = image_tree(tmp_path, splits=("",), classes=("apple", "train", "val"), per_class=4)  # CIFAR-100 has 'train'
+    assert imagefolder_layout(root) == "classes"
+    train, val, info = build_datasets("imagefolder", str(root), val_split=3, split_seed=0)
+    assert info.classes == ("apple", "train", "val") and (len(train), len(val)) == (9, 3)
+    whole, info = evaluation_folder(root)
+    assert info.classes == ("apple", "train", "val") and len(whole) == 12
+    with pytest.raises(ValueError, match=rf"{root} is a folder of classes \(DIR/<class>/<image>, no train/ folder of "
+                                         r"class folders\): set val_split to a count or fraction of its images"):
+        build_datasets("imagefolder", str(root))
+
+
+def test_a_train_val_layout_is_told_by_what_its_folders_hold(tmp_path):
+    from ssog.data.folder import imagefolder_layout
+
+    root = image_tree(tmp_path / "splits", classes=("apple", "train"))  # a class named train inside each split
+    assert imagefolder_layout(root) == "splits"
+    assert build_datasets("imagefolder", str(root))[2].classes == ("apple", "train")
+    lone = tmp_path / "lone"  # one folder of images alone is a split without class folders, not one class
+    (lone / "train").mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(lone / "train" / "a.png")
+    assert imagefolder_layout(lone) == "splits"
+
+
+@pytest.mark.parametrize("tree, splits, classes", [
+    ((("train", ""), ("val", "cat"), ("val", "dog")), "val", "train"),  # train holds images, val class folders
+    ((("train", ""), ("train", "cat"), ("apple", "")), "train", "train, apple"),  # train holds both, apple images
+])
+def test_an_ambiguous_tree_names_both_readings(tree, splits, classes, tmp_path):
+    from ssog.data import evaluation_folder
+
+    for folder, sub in tree:
+        image_tree(tmp_path / folder, splits=(sub,), classes=("",), per_class=2)
+    message = (rf"{tmp_path} reads two ways: as a train/val layout, {splits} holding class folders, or as a folder of "
+               rf"classes, {classes} holding images themselves; move what does not belong out of it")
+    with pytest.raises(ValueError, match=message):
+        build_datasets("imagefolder", str(tmp_path), val_split=2)
+    with pytest.raises(ValueError, match=message):
+        evaluation_folder(tmp_path)
+
+
 def test_cifar_missing_points_to_download(tmp_path):
     with pytest.raises(FileNotFoundError, match="cifar-100-python.*--download"):
         build_datasets("cifar100", str(tmp_path))

@@ -3,6 +3,7 @@ same conversion of attention weights on their way into an SSoG model (``--init-f
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import timm
@@ -276,3 +277,34 @@ def test_convert_refuses_a_rope_model_naming_why():
                                          r"position embeddings \(RoPE\)"):
         ssog.convert(eva)
     assert not any(isinstance(m, SSoGAttention) for m in eva.modules())  # refused before anything changed
+
+
+@pytest.mark.parametrize("name, kwargs, why", [
+    ("beit_base_patch16_224", {}, "its attention adds relative position biases to the query-key scores"),
+    ("vit_relpos_base_patch16_224", {}, "its attention adds relative position biases"),
+    ("vit_srelpos_small_patch16_224", {}, "its attention adds relative position biases"),  # one bias shared by all
+    ("cait_xxs24_224", {}, "its class-attention blocks (blocks_token_only) let the class token attend to the patches "
+                           "by query and key"),
+    ("vit_small_patch16_18x2_224", {}, "blocks.0 (ParallelThingsBlock) has no single attention attn to replace: "
+                                       "its attention runs in parallel branches"),
+    ("vit_small_patch16_224", {"block_fn": "ParallelScalingBlock"}, "blocks.0 (ParallelScalingBlock) has no single "
+                                                                    "attention attn to replace"),
+])
+def test_convert_refuses_attention_it_cannot_replace_naming_why(name, kwargs, why):
+    from timm.models import vision_transformer
+
+    kwargs = {key: getattr(vision_transformer, value) for key, value in kwargs.items()}
+    model = timm.create_model(name, pretrained=False, img_size=32, depth=2, embed_dim=64, num_heads=2, **kwargs)
+    with pytest.raises(ValueError, match=rf"^convert\(\) cannot convert {name} \({type(model).__name__}\): "
+                                         + re.escape(why)):
+        ssog.convert(model)
+    assert not any(isinstance(m, SSoGAttention) for m in model.modules())  # refused before anything changed
+
+
+def test_convert_refuses_an_attention_holding_weights_ssog_has_no_place_for():
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2)
+    model.blocks[1].attn.talk = torch.nn.Linear(3, 3)  # as CaiT's talking heads mix the heads' scores
+    with pytest.raises(ValueError, match=r"blocks.1.attn \(Attention\) holds talk.bias, talk.weight, which SSoG has "
+                                         r"no place for \(it keeps qkv's value slice and proj\)"):
+        ssog.convert(model)
+    assert not any(isinstance(m, SSoGAttention) for m in model.modules())

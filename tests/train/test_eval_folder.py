@@ -117,3 +117,26 @@ def test_a_dataset_named_for_evaluation_beats_the_runs_folder(imagefolder_run):
     result = evaluate_checkpoint(imagefolder_run, data={"dataset": "synthetic", "synthetic_classes": 2},
                                  progress=False, device="cpu")
     assert result["dataset"] == "synthetic" and result["data_dir"] is None
+
+
+def test_a_folder_of_classes_with_a_class_named_train_works_in_every_command(tmp_path, capsys, tiny_config):
+    """CIFAR-100 as class folders has a class ``train``: train with --val-split, eval and analyze read it as classes."""
+    import json
+
+    from ssog.train import load_checkpoint
+
+    data = image_tree(tmp_path / "cifar", splits=("",), size=8, classes=("apple", "train", "val"), per_class=4)
+    run = tmp_path / "run"
+    cfg = tiny_config(run, epochs=1, batch_size=3)
+    kwargs = [arg for key, value in cfg.model_kwargs.items() for arg in ("--set", f"model_kwargs.{key}={value}")]
+    assert main(["train", "--model", cfg.model, *kwargs, "--img-size", "8", "--epochs", "1", "--batch-size", "3",
+                 "--data-dir", str(data), "--val-split", "3", "--no-progress", "--output", str(run)]) == 0
+    assert load_checkpoint(run / "best.safetensors", only=("classes",))["classes"] == ["apple", "train", "val"]
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "--data-dir", str(data), "--device", "cpu", "--per-class"]) == 0
+    out = capsys.readouterr().out
+    assert "(12 images" in out and "\ntrain       4" in out and "\nval         4" in out
+    assert main(["analyze", "sinks", "--checkpoint", str(run), "--data", "imagefolder", "--data-dir", str(data),
+                 "--val-split", "3", "--num-images", "3", "--device", "cpu", "--output", str(tmp_path / "sinks")]) == 0
+    row = json.loads((tmp_path / "sinks" / "sinks.json").read_text())[0]
+    assert (row["data"], row["images"]) == ("imagefolder", 3)

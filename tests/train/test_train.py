@@ -398,3 +398,16 @@ def test_threads_default_to_torchs_choice(monkeypatch):
         assert calls == []
     with torch_settings(torch.device("cpu"), 1):
         assert calls[-1] == 1
+
+
+def test_threads_beyond_the_cpus_are_capped_with_a_warning(monkeypatch, ssog_log, tmp_path, tiny_config):
+    """More threads than cores only wait for one (``--threads 1000`` made a 5 s dry run take minutes)."""
+    from ssog import runtime
+    from ssog.train.dry_run import dry_run
+
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: 1)
+    with runtime.torch_settings(torch.device("cpu"), 1000):
+        assert torch.get_num_threads() == 1
+    assert "threads 1000 is more than the 1 CPU this process may use, where the extra threads could only wait for " \
+           "a core; using 1" in ssog_log.text
+    assert dry_run(tiny_config(tmp_path / "run", threads=1000), steps=1)["threads"] == 1

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from ssog.bench.results import CSV_NAME, FIGURES, JSON_NAME, BenchResults
     from ssog.bench.sweep import planned_points, run_model_sweep
     from ssog.files import clear_results, write_atomic
-    from ssog.runtime import check_plotting
+    from ssog.runtime import check_plotting, cpu_threads
 
     if not args.no_plots or args.plot is not None:
         check_plotting("ssog bench (without --no-plots)")
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be positive, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(cpu_threads(args.threads, "--threads"))
     output = args.output or Path("runs/bench")
     figures = [f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "pdf")]
     clear_results(output, [JSON_NAME, CSV_NAME, SUMMARY_NAME, *figures], overwrite=args.overwrite, what="ssog bench")

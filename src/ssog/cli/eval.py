@@ -43,13 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--per-class", action="store_true", help="also report Acc@1 of every class")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.add_argument("--output", help="also write the metrics to this JSON file (an existing one is refused "
-                                         "unless --overwrite)")
+                                         "unless --overwrite; a link is written through, a device or pipe into)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ssog.files import refuse_existing, write_atomic
+    from ssog.files import check_output_file, write_atomic
     from ssog.train import evaluate_checkpoint
 
     if args.output is not None and not args.output.strip():
@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
         from ssog.train.transfer import model_source, source_files
 
         refuse_run_file(args.output, "--output", reading=source_files(model_source(args.checkpoint)))
-        if not args.overwrite:
-            refuse_existing([args.output], "--output")  # before the evaluation, not after it
+        check_output_file(args.output, "--output", args.overwrite)  # before the evaluation, not after it
     data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download", "val_split", "split_seed")
             if getattr(args, k) is not None}
     result = evaluate_checkpoint(

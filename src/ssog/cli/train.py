@@ -119,7 +119,7 @@ def _output(args: argparse.Namespace) -> str | None:
 
 
 def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
-    from ssog.files import refuse_existing, write_atomic
+    from ssog.files import check_output_file, write_atomic
     from ssog.train import resolve_config
     from ssog.train.dry_run import dry_run, format_dry_run, torchrun_line
     from ssog.train.run_folder import check_output, refuse_run_file
@@ -133,8 +133,7 @@ def _dry_run(args: argparse.Namespace, overrides: list, fallbacks: list) -> int:
         if not args.dry_run_report.strip():
             raise ValueError("--dry-run-report is empty: give the JSON file to write the report to")
         refuse_run_file(args.dry_run_report, "--dry-run-report", reading=[args.config] if args.config else [])
-        if not cfg.overwrite:
-            refuse_existing([args.dry_run_report], "--dry-run-report", option="--dry-run-report")
+        check_output_file(args.dry_run_report, "--dry-run-report", cfg.overwrite)
     report = dry_run(cfg, steps=args.dry_run, nproc=args.nproc, nnodes=args.nnodes)
     if args.nproc * args.nnodes > 1:
         report["launch"] = torchrun_line(_run_args(getattr(args, "argv", [])), args.nproc, args.nnodes)

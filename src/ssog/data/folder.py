@@ -20,14 +20,15 @@ from ssog.data.samples import check_first_samples, checked_sample
 
 __all__ = [
     "IMAGEFOLDER_LAYOUT", "SPLIT_FOLDERS", "FolderScan", "scan_image_folder", "ImageFiles", "split_folders",
-    "imagefolder_datasets", "evaluation_folder", "class_difference",
+    "imagefolder_datasets", "imagefolder_layout", "evaluation_folder", "class_difference",
 ]
 
 logger = logging.getLogger(__name__)
 
 IMAGEFOLDER_LAYOUT = (
     "ImageFolder layout: DIR/train/<class>/<image> and DIR/val/<class>/<image> "
-    "(or DIR/validation/..., timm's name; or only DIR/train with val_split set)"
+    "(or DIR/validation/..., timm's name; or only DIR/train, or a folder of classes DIR/<class>/<image>, with "
+    "val_split set)"
 )
 
 
@@ -195,6 +196,54 @@ def split_folders(base: Path, split: str) -> list[Path]:
     return [base / name for name in SPLIT_FOLDERS[split] if (base / name).is_dir()]
 
 
+def _holds(folder: Path) -> tuple[bool, bool]:
+    """Whether ``folder`` holds image files itself, and whether it holds (non-hidden) folders."""
+    readable = readable_extensions()
+    images = folders = False
+    for entry in os.scandir(folder):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            folders = True
+        elif Path(entry.name).suffix.lower() in readable:
+            images = True
+    return images, folders
+
+
+def imagefolder_layout(base: Path) -> str:
+    """``"splits"`` when ``base`` is a train/val layout (``DIR/train/<class>/<image>``), ``"classes"``
+    when it is a folder of classes (``DIR/<class>/<image>``), told by what its folders named
+    ``train``, ``val`` or ``validation`` hold, not by their names alone (CIFAR-100 has a class
+    ``train``): class folders make a split, images alone a class (of a folder with other
+    classes beside it). A ValueError names both readings where the tree allows both: one
+    such folder holds images and another class folders, or one holds both while other folders
+    of ``base`` hold images themselves."""
+    named = [folder for split in SPLIT_FOLDERS for folder in split_folders(base, split)]
+    if not named:
+        return "classes"
+    holds = {folder: _holds(folder) for folder in named}
+    as_split = [folder for folder, (images, folders) in holds.items() if folders and not images]
+    as_class = [folder for folder, (images, folders) in holds.items() if images and not folders]
+    both = [folder for folder, (images, folders) in holds.items() if images and folders]
+    others = [Path(entry.path) for entry in sorted(os.scandir(base), key=lambda e: e.name)
+              if entry.is_dir() and not entry.name.startswith(".") and Path(entry.path) not in holds]
+    if as_class and not as_split and not both:
+        return "classes" if others else "splits"  # a folder of one class is none: its split lacks class folders
+    if as_class:
+        splits, classes = as_split + both, as_class
+    elif both and not as_split:
+        classes = [folder for folder in others if _holds(folder)[0]][:3]
+        if not classes:
+            return "splits"  # images beside the class folders of a split, reported when it is read
+        splits, classes = both, both + classes
+    else:
+        return "splits"
+    raise ValueError(
+        f"{base} reads two ways: as a train/val layout, {', '.join(f.name for f in splits)} holding class folders, "
+        f"or as a folder of classes, {', '.join(f.name for f in classes)} holding images themselves; move what does "
+        "not belong out of it so that one reading is left")
+
+
 def _both(folders: Sequence[Path]) -> str:
     return " and ".join(f"a {folder.name!r}" for folder in folders)
 
@@ -243,12 +292,19 @@ def imagefolder_datasets(root: str | None, val_split: float | int | str | None, 
     if root is None:
         raise ValueError(f"dataset 'imagefolder' needs data_dir; expected {IMAGEFOLDER_LAYOUT}")
     base = _data_folder(root, IMAGEFOLDER_LAYOUT)
-    train_folders = split_folders(base, "train")
-    if not train_folders:
-        raise ValueError(f"{base} has no 'train' folder (found folders: {_found_folders(base)}); "
-                         f"expected {IMAGEFOLDER_LAYOUT}")
-    train_folder = train_folders[0]
-    val_folder = _val_folder(base, train_folder, val_split)
+    if imagefolder_layout(base) == "classes":
+        if val_split is None or isinstance(val_split, str):
+            raise ValueError(f"{base} is a folder of classes (DIR/<class>/<image>, no train/ folder of class folders): "
+                             "set val_split to a count or fraction of its images to validate on; expected "
+                             f"{IMAGEFOLDER_LAYOUT}")
+        train_folder, val_folder = base, None
+    else:
+        train_folders = split_folders(base, "train")
+        if not train_folders:
+            raise ValueError(f"{base} has no 'train' folder (found folders: {_found_folders(base)}); "
+                             f"expected {IMAGEFOLDER_LAYOUT}")
+        train_folder = train_folders[0]
+        val_folder = _val_folder(base, train_folder, val_split)
     train = _image_folder(train_folder, skip_bad_images)
     if len(train.classes) < 2:
         raise ValueError(f"{train_folder} has {len(train.classes)} class folder ({', '.join(train.classes)}); "
@@ -289,17 +345,19 @@ def _imagefolder_info(classes: Sequence[str]) -> DatasetInfo:
 def evaluation_folder(
     root: str | Path, split: str = "val", skip_bad_images: bool = False
 ) -> tuple[Dataset, DatasetInfo]:
-    """Every image of ``root/<split>`` if that folder exists, else of ``root`` itself, as an
-    ImageFolder (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
+    """Every image of ``root/<split>`` when ``root`` is a train/val layout, else of ``root``
+    itself, a folder of classes (:func:`imagefolder_layout`), as an ImageFolder
+    (``<folder>/<class>/<image>``); no training folder is needed and nothing is split off."""
     base = _data_folder(root, f"DIR/<class>/<image> or DIR/{split}/<class>/<image>")
-    folders = split_folders(base, split)
-    if len(folders) > 1:
-        raise ValueError(f"{base} has both {_both(folders)} folder; give the one to evaluate as the folder: "
-                         f"{' or '.join(f'--data-dir {folder}' for folder in folders)}")
-    folder = folders[0] if folders else base
-    if folder == base and any(split_folders(base, name) for name in SPLIT_FOLDERS):
-        raise ValueError(
-            f"{base} has no '{split}' folder to evaluate (found train/val folders: it is not a folder of classes)"
-        )
+    folder = base
+    if imagefolder_layout(base) == "splits":
+        folders = split_folders(base, split)
+        if len(folders) > 1:
+            raise ValueError(f"{base} has both {_both(folders)} folder; give the one to evaluate as the folder: "
+                             f"{' or '.join(f'--data-dir {folder}' for folder in folders)}")
+        if not folders:
+            raise ValueError(f"{base} has no '{split}' folder to evaluate (its train/val folders hold class folders: "
+                             "it is not a folder of classes)")
+        folder = folders[0]
     dataset = _image_folder(folder, skip_bad_images)
     return dataset, _imagefolder_info(dataset.classes)

@@ -8,11 +8,15 @@ position and patch embeddings resampled to another input or patch size, and a re
 in timm's hub layout read through timm (:func:`hub_reference`, :func:`load_hub_model`)."""
 from __future__ import annotations
 
+import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
 import timm
 import torch
+from safetensors import SafetensorError
+from timm.data import resolve_model_data_config
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from torch import Tensor, nn
 
@@ -21,6 +25,8 @@ __all__ = [
     "check_state_dict", "checkpoint_filter_fn", "hub_reference", "load_hub_model", "load_run_checkpoint",
     "load_weights_into",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Prefix of the model weights in an ssog run checkpoint (``model/blocks.0.attn.v.weight``):
 #: the checkpoint's ``"model"`` entry, its tensors' paths joined by ``/``.
@@ -142,13 +148,49 @@ def load_hub_model(reference: str) -> nn.Module:
     pretrained=True)`` (``reference``: ``local-dir:FOLDER`` or ``hf-hub:USER/REPO``, see
     :func:`hub_reference`), which builds the architecture its ``config.json`` names with its
     arguments and ``pretrained_cfg`` (data config, class names) and loads the weights strictly;
-    then the weights are checked finite (:func:`check_finite_weights`). A folder or repository
-    timm cannot build a model from is a ValueError of one line naming it."""
+    then the weights are checked finite (:func:`check_finite_weights`) and the data config made
+    whole (:func:`_complete_data_config`). A folder or repository timm cannot build a model
+    from (a truncated weights file among them) is a ValueError of one line naming it."""
     try:
         model = timm.create_model(reference, pretrained=True)
-    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as error:
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError,
+            SafetensorError) as error:
         reason = " ".join(str(error).split())  # timm's strict loading lists the keys over several lines
         raise ValueError(f"cannot build the released model {reference} through timm: {type(error).__name__}: "
                          f"{reason[:500]}") from error
     check_finite_weights(dict(model.state_dict()), f"the released model {reference}")
+    _complete_data_config(model, reference)
     return model
+
+
+#: The data config's entries of a ``pretrained_cfg``: what evaluating a released model reads.
+_DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+
+
+def _complete_data_config(model: nn.Module, reference: str) -> None:
+    """Make ``model.pretrained_cfg``'s data config whole and true to the model, warning of each change.
+
+    An entry the released ``config.json`` leaves out or sets to null (timm drops those) takes
+    timm's default, as ``timm.data.resolve_data_config`` gives it; an ``input_size`` other than
+    the size the model was built at (``patch_embed.img_size``, which its position embedding
+    fits) becomes the model's: images of another size would be read at a grid the report
+    does not name."""
+    pretrained = dict(getattr(model, "pretrained_cfg", None) or {})
+    resolved = resolve_model_data_config(model)
+    patch_embed = getattr(model, "patch_embed", None)
+    built = getattr(patch_embed, "img_size", None)
+    if built is not None:
+        size = (resolved["input_size"][0], *built)
+        if pretrained.get("input_size") is not None and tuple(pretrained["input_size"]) != size:
+            logger.warning("the released model %s was built for %s images, the size its weights fit, but its "
+                           "config.json's pretrained_cfg input_size is %s; its data is read at the model's size",
+                           reference, "x".join(map(str, size[1:])), list(pretrained["input_size"]))
+            pretrained["input_size"] = size
+        resolved["input_size"] = size
+    for key in _DATA_CONFIG_KEYS:
+        if pretrained.get(key) is None:
+            if key != "input_size" or built is None:
+                logger.warning("the released model %s gives no %s in its config.json's pretrained_cfg; timm's "
+                               "default %s is used", reference, key, resolved[key])
+            pretrained[key] = resolved[key]
+    model.pretrained_cfg = model.default_cfg = pretrained  # type: ignore[assignment]  # torch: tensors, modules

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import shlex
 import statistics
 import time
@@ -33,7 +32,7 @@ from ssog.data import build_datasets
 from ssog.data.info import stratified_split
 from ssog.measure import format_duration, peak_memory, timed
 from ssog.models import count_flops
-from ssog.runtime import autocast, is_out_of_memory, torch_settings
+from ssog.runtime import autocast, is_out_of_memory, torch_settings, usable_cpus
 from ssog.train.config import TrainConfig
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.engine import Trainer
@@ -208,7 +207,7 @@ def dry_run(cfg: TrainConfig, steps: int = 3, nproc: int = 1, nnodes: int = 1) -
     ctx = init_distributed(cfg.device)
     if ctx.distributed:
         raise ValueError("--dry-run measures one process: run it without torchrun (--nproc N projects for N)")
-    cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     # torch warns at every loader it starts when num_workers exceeds this machine's CPUs (a
     # cluster recipe's count measured on a laptop): said once, in the report, instead.
     with torch_settings(ctx.device, cfg.threads, cfg.deterministic), warnings.catch_warnings():

@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from ssog.data import get_augmentation
-from ssog.files import FolderLock, WriteError, write_atomic
+from ssog.files import FolderLock, WriteError, holds_lock, write_atomic
 from ssog.models.weights import load_weights_into
 from ssog.runtime import autocast, cpu_seconds, is_out_of_memory
 from ssog.train.builders import apply_data_config, build_data, build_model
@@ -203,11 +203,14 @@ class Trainer:
         self.saved_at = self.progress.position()
 
     def _check_run_folder(self) -> None:
-        """Raise FileNotFoundError when the run folder (or its lock) is gone: a checkpoint
-        written now would recreate the folder without its config, marker and lock."""
-        if not (self.output / FolderLock.NAME).is_file():
+        """Raise FileNotFoundError when the run folder (or its lock) is gone, or the lock is
+        another process's: a checkpoint written now would recreate the folder without its
+        config, marker and lock, or write into a folder another run took over."""
+        if not holds_lock(self.output):
+            lock = self.output / FolderLock.NAME
+            what = "was taken over by another process" if lock.is_file() else "was removed"
             raise FileNotFoundError(
-                f"the run folder {self.output} (or its lock {FolderLock.NAME}) was removed while the run trained; "
+                f"the run folder {self.output} (or its lock {FolderLock.NAME}) {what} while the run trained; "
                 "stopped without writing there; start the run again")
 
     def _check_finite_weights(self) -> None:

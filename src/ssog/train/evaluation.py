@@ -1,6 +1,7 @@
 """Evaluate a checkpoint on any data source, optionally at another image or patch size."""
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,6 +19,8 @@ from ssog.train.metrics import evaluate
 from ssog.train.transfer import model_from_checkpoint, model_source, move_to_input_size
 
 __all__ = ["evaluate_checkpoint"]
+
+logger = logging.getLogger(__name__)
 
 
 def evaluate_checkpoint(
@@ -179,8 +182,17 @@ def _check_patch_size(model, img_size: int | None, patch_size: int | None) -> No
 
 def _check_classes(run_classes: list[str] | None, folder_classes: tuple[str, ...], folder: str,
                    path: Path | str) -> None:
-    """The evaluated folder's classes must be the model's, in the same order (same label indices)."""
-    if run_classes is None:  # checkpoints written before class names were stored
+    """The evaluated folder's classes must be the model's, in the same order (same label indices).
+    A model that names none (a released ``config.json`` without ``label_names``, a checkpoint
+    written before class names were stored) cannot be checked: a warning says so."""
+    if not run_classes:
+        shown = ", ".join(folder_classes[:5]) + (", ..." if len(folder_classes) > 5 else "")
+        why = "its config.json has no label_names" if isinstance(path, str) else \
+            "it was written before checkpoints stored class names"
+        logger.warning(f"{path} names no classes ({why}), so the class folders of {folder} cannot be checked "
+                       f"against the classes it was trained on: they are taken in sorted order as its classes "
+                       f"0..{len(folder_classes) - 1} ({shown}), and the metrics are wrong if it learnt other classes "
+                       "or another order")
         return
     if list(folder_classes) != list(run_classes):
         raise ValueError(
