@@ -75,6 +75,27 @@ def test_paper_scale_recipes_start_kernels_in_image_units():
     assert _initial_kernels("ablations/cpu_accuracy.yaml", "ssog_patch2")["centre_radius"] == [1.0, 1.0]
 
 
+def test_cifar100_16x16_rows_are_the_cifar10_fine_models_at_its_rates():
+    """The CIFAR-100 `*_p2` rows (issue 57): the CIFAR-10 16x16 study's models, rates and kernel
+    start (image units: the 8x8 ring of 2 tokens doubled); the continuous pair's 5-epoch checks
+    at half, one and double its rate."""
+    fine = {"vit_mha": "mha", "vit_ssog": "ssog", "loopvit_mha": "mha_loopvit",
+            "loopvit_ssog": "ssog_loopvit", "odevit_mha": "mha_odevit", "odevit_ssog": "ssog_odevit"}
+    for row, source in fine.items():
+        ours = resolve_config(CONFIGS / "cifar100.yaml", f"{row}_p2")
+        theirs = resolve_config(CONFIGS / "cifar10_fine.yaml", source)
+        assert (ours.model, ours.model_kwargs, ours.lr, ours.epochs) == (theirs.model, theirs.model_kwargs,
+                                                                          theirs.lr, 15), row
+    assert _initial_kernels("cifar100.yaml", "odevit_ssog_p2")["centre_radius"] == [4.0, 4.0]
+    checks = {"odevit_mha_p2": ("2e-3", "4e-3", "8e-3"), "odevit_ssog_p2": ("4e-3", "8e-3", "1.6e-2")}
+    for row, rates in checks.items():
+        cfg = resolve_config(CONFIGS / "cifar100.yaml", row)
+        for factor, rate in zip((0.5, 1, 2), rates):
+            sweep = resolve_config(CONFIGS / "cifar100.yaml", f"sweep_{row}_lr{rate}")
+            assert (sweep.model, sweep.model_kwargs, sweep.lr, sweep.epochs) == (cfg.model, cfg.model_kwargs,
+                                                                                  cfg.lr * factor, 5)
+
+
 @pytest.mark.parametrize("recipe, tarball", [("cifar100.yaml", "cifar100-train.tar.gz"),
                                              ("tinyimagenet.yaml", "tiny-imagenet-200-train.tar.gz")])
 def test_a_recipe_run_without_its_data_names_the_tarball_and_the_flag(recipe, tarball, tmp_path, capsys):
