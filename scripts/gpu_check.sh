@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # GPU readiness check: the project's GPU measurements, in one run.
 #
-#   scripts/gpu_check.sh [--dry-run] [OUTPUT_DIR]      (default OUTPUT_DIR: runs/gpu_check)
+#   scripts/gpu_check.sh [--dry-run] [--goals] [OUTPUT_DIR]      (default OUTPUT_DIR: runs/gpu_check)
 #
-# On a CUDA machine, in order, each phase under its own time limit (at most 9 min 25 s in all):
+# On a CUDA machine, in order, each phase under its own time limit:
+#   0. goals-*:       the fused path's goals (scripts/gpu_goals.py; at most 4 min 50 s): the operator
+#                     against SDPA at 14x14, 32x32, 64x64 (fp16, eager and CUDA-graph-replayed, kernels
+#                     per call, forward+backward peak memory), then the three families at D=768, batch
+#                     32, fp16, 224/512/1024 px, inference and training steps; goals.md sets each
+#                     figure against its goal. --goals runs these phases alone.
+# and then (at most 9 min 25 s):
 #   1. operator:      ssog bench-op, fp16, every backend (auto, dense, separable, local, triton)
 #                     against SDPA (flash attention on CUDA fp16), grids 14-64, forward and
 #                     forward+backward; then the steered layer (mu+sigma) against MHA at 32x32, 48x48;
@@ -25,12 +31,14 @@
 set -uo pipefail
 
 dry_run=0
+goals_only=0
 output=runs/gpu_check
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "gpu_check.sh: unknown option $arg (expected --dry-run or an output folder)" >&2; exit 2 ;;
+        --goals) goals_only=1 ;;
+        -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "gpu_check.sh: unknown option $arg (expected --dry-run, --goals or an output folder)" >&2; exit 2 ;;
         *) output=$arg ;;
     esac
 done
@@ -54,6 +62,9 @@ if [ "$dry_run" = 1 ]; then
     variants=(ssog ssog_loopvit ssog_odevit)
     infer_1024=(--size micro --resolutions 16 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
     limits=(120 120 120 120 120 120 120 120 120 120)
+    goals_operator=(--device cpu --grids 4 --rounds 1 --warmup 0)
+    goals_models=(--size micro --resolutions 8 16 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
+    goal_limits=(120 120 120)
 else
     if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         echo "gpu_check.sh: no CUDA device here; use --dry-run for the CPU rehearsal" >&2
@@ -73,6 +84,10 @@ else
     infer_1024=(--size base --resolutions 1024 --batch-sizes 8 --width-sizes --warmup 3 --iters 10 --device cuda
                 --dtype fp16)
     limits=(60 35 50 100 100 45 45 45 45 40)
+    goals_operator=(--device cuda --rounds 20 --warmup 3)
+    goals_models=(--size base --resolutions 224 512 1024 --batch-sizes 32 --width-sizes --warmup 2 --iters 5
+                  --device cuda --dtype fp16)
+    goal_limits=(90 80 120)
 fi
 
 failed=0
@@ -89,6 +104,17 @@ phase() {  # phase NAME LIMIT_S COMMAND...
         tail -n 5 "$output/$name.log" | sed 's/^/   /'
     fi
 }
+
+phase goals-operator "${goal_limits[0]}" "$python" "$repo/scripts/gpu_goals.py" operator "$output" "${goals_operator[@]}"
+phase goals-inference "${goal_limits[1]}" "$python" -m ssog bench "${goals_models[@]}" --mode inference \
+    --no-plots --output "$output/goals_inference"
+phase goals-train "${goal_limits[2]}" "$python" -m ssog bench "${goals_models[@]}" --mode train --no-plots \
+    --output "$output/goals_train"
+"$python" "$repo/scripts/gpu_goals.py" report "$output" || echo "   the goals' report (scripts/gpu_goals.py) failed"
+if [ "$goals_only" = 1 ]; then
+    cat "$output/status.txt"
+    exit "$failed"
+fi
 
 phase operator "${limits[0]}" "$python" -m ssog bench-op "${operator[@]}" --output "$output/operator"
 phase steered-layer "${limits[1]}" "$python" -m ssog bench-op "${steered[@]}" --output "$output/operator"

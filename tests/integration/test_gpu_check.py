@@ -15,7 +15,7 @@ def test_dry_run_runs_every_phase_and_writes_results(tmp_path, run_child):
     done = run_child(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], 600, env=env)
     status = dict(line.split() for line in (tmp_path / "status.txt").read_text().splitlines())
     assert status == dict.fromkeys(
-        ("operator", "steered-layer", "operator-compile", "sweep-inference", "sweep-train", "nccl-smoke",
+        ("goals-operator", "goals-inference", "goals-train", "operator", "steered-layer", "operator-compile", "sweep-inference", "sweep-train", "nccl-smoke",
          "dry-run-ssog", "dry-run-ssog_loopvit", "dry-run-ssog_odevit", "infer-1024"), "0"
     ), done.stdout + done.stderr
     assert done.returncode == 0
@@ -43,3 +43,19 @@ def test_dry_run_runs_every_phase_and_writes_results(tmp_path, run_child):
 def test_unknown_option_is_one_clear_line(run_child):
     done = run_child(["bash", str(SCRIPT), "--fast"], 60)
     assert done.returncode == 2 and "unknown option --fast" in done.stderr
+
+
+def test_goals_run_alone_and_set_each_figure_against_its_goal(tmp_path, run_child):
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PYTHON": sys.executable, "TORCHRUN": str(bin_dir / "torchrun"), "OMP_NUM_THREADS": "1"}
+    done = run_child(["bash", str(SCRIPT), "--dry-run", "--goals", str(tmp_path)], 300, env=env)
+    status = dict(line.split() for line in (tmp_path / "status.txt").read_text().splitlines())
+    assert status == dict.fromkeys(("goals-operator", "goals-inference", "goals-train"), "0"), done.stdout + done.stderr
+    assert done.returncode == 0
+    operator = json.loads((tmp_path / "operator_goals.json").read_text())
+    assert [(row["grid"], row["pass"]) for row in operator["rows"]] == [(4, "forward"), (4, "forward+backward")]
+    assert all(row["kernels"]["ssog"] >= 1 and row["ms"]["ssog"] > 0 for row in operator["rows"])
+    goals = (tmp_path / "goals.md").read_text()
+    assert goals == done.stdout[done.stdout.index("# The fused path's GPU goals"):done.stdout.index("goals-operator 0")]
+    assert "(met, <= 0.6x)" in goals or "(not met, <= 0.6x)" in goals  # forward+backward memory against its goal
+    assert goals.count("| vit |") == 4 and "## Models, train (micro, batch 1, fp32, cpu)" in goals
