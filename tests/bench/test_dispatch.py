@@ -62,13 +62,13 @@ def test_the_layer_dispatches_no_more_aten_ops_than_attention_on_the_cpu():
         torch.manual_seed(0)
         layer = mixer(DIM, HEADS)
         x = tokens(14, requires_grad=True)
-        out, forward = count_dispatches(lambda: layer(x, (14, 14)))
+        out, forward = count_dispatches(lambda layer=layer, x=x: layer(x, (14, 14)))
         loss = out.sum()
         _, backward = count_dispatches(loss.backward)
         layer.eval()
         with torch.no_grad():
             layer(x, (14, 14))
-            _, inference = count_dispatches(lambda: layer(x, (14, 14)))
+            _, inference = count_dispatches(lambda layer=layer, x=x: layer(x, (14, 14)))
         counts[mixer] = [len(c.ops) for c in (forward, backward, inference)]
         assert forward.host_syncs == backward.host_syncs == inference.host_syncs == 0
     assert all(s <= m for s, m in zip(counts[SSoGAttention], counts[MultiHeadAttention])), counts

@@ -15,7 +15,8 @@ def test_dry_run_runs_every_phase_and_writes_results(tmp_path, run_child):
     done = run_child(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], 600, env=env)
     status = dict(line.split() for line in (tmp_path / "status.txt").read_text().splitlines())
     assert status == dict.fromkeys(
-        ("goals-operator", "goals-inference", "goals-train", "operator", "steered-layer", "operator-compile", "sweep-inference", "sweep-train", "nccl-smoke",
+        ("goals-operator", "goals-inference", "goals-train", "operator", "steered-layer", "operator-compile",
+         "sweep-inference", "sweep-train", "nccl-smoke",
          "dry-run-ssog", "dry-run-ssog_loopvit", "dry-run-ssog_odevit", "infer-1024"), "0"
     ), done.stdout + done.stderr
     assert done.returncode == 0
