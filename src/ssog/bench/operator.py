@@ -45,10 +45,11 @@ __all__ = [
 ]
 
 BASELINE = "sdpa"
-#: Backends whose mixing can also be timed under ``torch.compile(fullgraph=True)``: the PyTorch
-#: ones whose graph depends on shapes alone (``local`` reads its key spans from the kernels'
-#: values; ``cpp`` and ``triton`` run kernels of their own).
-COMPILABLE = ("auto", "dense", "separable")
+#: Backends whose mixing can also be timed under ``torch.compile(fullgraph=True)``: those whose
+#: graph depends on shapes alone, the PyTorch ones and the registered ops (``local`` reads its key
+#: spans from the kernels' values; ``cpp`` calls its library outside torch's dispatcher;
+#: ``triton`` is ``fused`` on CUDA).
+COMPILABLE = ("auto", "dense", "separable", "fused")
 
 
 def _check_backends(backends: Sequence[str]) -> None:
