@@ -117,7 +117,7 @@ def _path_section() -> str:
 def test_architecture_names_the_path_of_ssog_train(tmp_path, monkeypatch):
     """docs/architecture.md lists the ssog functions from ``main`` to the operator's first
     forward pass as a run takes them: the call stack when the first SSoG mixer is built,
-    then the one when the first backend function runs (comprehensions left out)."""
+    then the one when the fused ops first mix (comprehensions left out)."""
     section = _path_section()
     listed = re.findall(r"^\d+\. `([^`]+)`", section, flags=re.M)
     functions, files = map(int, re.search(r"(\d+) functions in (\d+) files", section).groups())
@@ -139,7 +139,7 @@ def test_architecture_names_the_path_of_ssog_train(tmp_path, monkeypatch):
         if "build" not in stacks and where == SRC / "layers" / "ssog_attention.py" \
                 and frame.f_code.co_qualname == "SSoGAttention.__init__":
             stacks["build"] = ssog_stack(frame)
-        if where == SRC / "ops" / "backends.py":
+        if where == SRC / "ops" / "fused.py" and frame.f_code.co_name == "_mix":
             stacks["forward"] = ssog_stack(frame)
             sys.setprofile(None)
 
