@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops import fused, ssog_matrix
+from ..ops import ssog_matrix
 from ..ops.capture import capturing_graph, functorch_wrapped, holds_values
 from ..ops.checks import MAX_CENTRE_OFFSET, check_steer, check_tokens
 from ..ops.functional import forced_backend_name, matrix_unchecked, mix_unchecked
@@ -400,7 +400,8 @@ class SSoGAttention(nn.Module):
         values = self.v(x)
         if self._takes_fused(values.device, values.dtype) and not functorch_wrapped(values):
             ky, kx = prepared if prepared is not None else self.fixed_tables(grid_size)
-            out = fused.fixed_mix(values, ky, kx, self.num_prefix_tokens)  # (B, T, dim) in, (B, T, dim) out
+            # the registered op (ssog.ops.fused.fixed_mix): (B, T, dim) in, (B, T, dim) out
+            out = torch.ops.ssog.fixed_mix.default(values, ky, kx, self.num_prefix_tokens)
         else:
             by_head = values.view(batch, tokens, self.num_heads, self.head_dim)
             out = self._mix_by_backend(x, by_head, grid_size).view(batch, tokens, self.dim)
@@ -456,7 +457,7 @@ class SSoGAttention(nn.Module):
             key = (tuple(grid_size), self._mixture_key())
             if self._tables_cache is not None and self._tables_cache[0] == key:
                 return self._tables_cache[1]
-        ky, kx, _ = fused.layer_tables(self.mu, self.rho, self.logits, self.sigma_min, *grid_size)
+        ky, kx, _ = torch.ops.ssog.layer_tables.default(self.mu, self.rho, self.logits, self.sigma_min, *grid_size)
         if keep:
             self._tables_cache = (key, (ky, kx))
         return ky, kx

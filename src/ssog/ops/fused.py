@@ -27,6 +27,11 @@ of the head dimensions they take), else the dense or separable contraction by th
 (:mod:`ssog.ops.costs`). ``torch.compile`` records each op as one node (its fake kernel gives
 shapes); ``torch.utils.flop_counter`` counts ``fixed_mix`` as the separable form,
 ``2 R N (Hg + Wg) d`` per head and image.
+
+Callers on the hot path (the layer, ``ssog_mix``, the autograd rules) call the ops as
+``torch.ops.ssog.<name>.default``: the Python functions here wrap the same ops in
+``torch.library``'s own Python layer, which costs about 40 us a call, more than a 14x14
+grid's CPU kernel.
 """
 from __future__ import annotations
 
@@ -192,8 +197,9 @@ def _tables_backward(ctx, grad_ky: Tensor | None, grad_kx: Tensor | None, _: Ten
     grad_ky = grad_ky if grad_ky is not None else mu.new_zeros(heads, atoms, rows, rows, dtype=dtype)  # unused table
     grad_kx = grad_kx if grad_kx is not None else mu.new_zeros(heads, atoms, cols, cols, dtype=dtype)
     if ctx.sigma_min is None:
-        return (*fixed_tables_backward(grad_ky, grad_kx, mu, sigma, weight), None, None)
-    return (*layer_tables_backward(grad_ky, grad_kx, mu, sigma, weight, ctx.sigma_min), None, None, None)
+        return (*torch.ops.ssog.fixed_tables_backward.default(grad_ky, grad_kx, mu, sigma, weight), None, None)
+    ops = torch.ops.ssog
+    return (*ops.layer_tables_backward.default(grad_ky, grad_kx, mu, sigma, weight, ctx.sigma_min), None, None, None)
 
 
 fixed_tables.register_autograd(_tables_backward, setup_context=_tables_setup_context)
@@ -315,10 +321,11 @@ def _mix_setup_context(ctx, inputs: tuple, output: Tensor) -> None:
 
 def _mix_backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
     v, ky, kx = ctx.saved_tensors
-    grad_v = fixed_mix_transposed(grad, ky, kx, ctx.prefix) if ctx.needs_input_grad[0] else None
+    ops = torch.ops.ssog
+    grad_v = ops.fixed_mix_transposed.default(grad, ky, kx, ctx.prefix) if ctx.needs_input_grad[0] else None
     grad_ky = grad_kx = None
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-        grad_ky, grad_kx = fixed_mix_table_grads(grad, v, ky, kx, ctx.prefix)
+        grad_ky, grad_kx = ops.fixed_mix_table_grads.default(grad, v, ky, kx, ctx.prefix)
     return grad_v, grad_ky, grad_kx, None
 
 

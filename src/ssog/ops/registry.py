@@ -23,7 +23,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from . import backends, cpp_kernels, fused, steered_backends
+from . import backends, cpp_kernels, steered_backends
+from . import fused  # noqa: F401  (registers the ops that torch.ops.ssog calls below)
 from .capture import capturing_graph, exporting_graph
 from .checks import check_parameter_values
 from .kernels import fixed_kernel_pair, in_kernel_precision
@@ -145,10 +146,10 @@ def _fused_fixed(
     if value_checks and on_host:
         check_parameter_values(mu, sigma, weight, grid_size)
     mu, sigma, weight = in_kernel_precision(mu, sigma, weight, v.dtype)
-    ky, kx, valid = fused.fixed_tables(mu, sigma, weight, *grid_size)
+    ky, kx, valid = torch.ops.ssog.fixed_tables.default(mu, sigma, weight, *grid_size)
     if value_checks and not on_host:
         torch._assert_async(valid, PARAMETER_VALUES)
-    mixed = fused.fixed_mix(v.transpose(1, 2), ky, kx, 0).transpose(1, 2)
+    mixed = torch.ops.ssog.fixed_mix.default(v.transpose(1, 2), ky, kx, 0).transpose(1, 2)
     return mixed if out is None else out.copy_(mixed)
 
 
