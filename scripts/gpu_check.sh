@@ -6,7 +6,8 @@
 # On a CUDA machine, in order, each phase under its own time limit:
 #   0. goals-*:       the fused path's goals (scripts/gpu_goals.py; at most 4 min 50 s): the operator
 #                     against SDPA at 14x14, 32x32, 64x64 (fp16, eager and CUDA-graph-replayed, kernels
-#                     per call, forward+backward peak memory), then the three families at D=768, batch
+#                     per call, forward+backward peak memory; a layer under compile's reduce-overhead),
+#                     then the three families at D=768, batch
 #                     32, fp16, 224/512/1024 px, inference and training steps; goals.md sets each
 #                     figure against its goal. --goals runs these phases alone.
 # and then (at most 9 min 25 s):
@@ -62,7 +63,7 @@ if [ "$dry_run" = 1 ]; then
     variants=(ssog ssog_loopvit ssog_odevit)
     infer_1024=(--size micro --resolutions 16 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
     limits=(120 120 120 120 120 120 120 120 120 120)
-    goals_operator=(--device cpu --grids 4 --rounds 1 --warmup 0)
+    goals_operator=(--device cpu --grids 4 --rounds 1 --warmup 0 --compile-backend eager --compile-mode none)
     goals_models=(--size micro --resolutions 8 16 --batch-sizes 1 --width-sizes --warmup 1 --iters 1 --device cpu)
     goal_limits=(120 120 120)
 else

@@ -8,7 +8,9 @@ goal phase of scripts/gpu_check.sh.
 (``F.scaled_dot_product_attention``) at fp16, batch 4, 12 heads, head_dim 64, 4 atoms, per grid:
 forward and forward+backward, eager (interleaved rounds, median) and replayed from a CUDA
 graph, kernels per call (the profiler's CUDA kernels on a GPU; ``ssog.bench.dispatch``'s
-count on a CPU), peak memory of forward+backward. Writes ``OUTPUT_DIR/operator_goals.json``.
+count on a CPU), peak memory of forward+backward; then one layer's training step under
+``torch.compile(fullgraph=True, mode="reduce-overhead")`` (CUDA graphs) against eager. Writes
+``OUTPUT_DIR/operator_goals.json``.
 
 ``report``: that file and the model sweeps ``ssog bench`` wrote into
 ``OUTPUT_DIR/goals_inference`` and ``OUTPUT_DIR/goals_train`` (D=768, batch 32, fp16, 224, 512
@@ -108,6 +110,31 @@ def kernels_per_call(call: Callable[[], Any], device: torch.device) -> int:
     return sum(1 for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def compiled_layer(grid: int, device: torch.device, dtype: torch.dtype, backend: str, mode: str | None,
+                   rounds: int) -> dict[str, Any]:
+    """A training step (forward and backward) of one ``SSoGAttention`` (D=768, 12 heads, a class
+    token) under ``torch.compile(fullgraph=True)`` with ``mode`` (``reduce-overhead``: CUDA graphs)
+    against eager: whether it compiles and runs, and the median step time of each."""
+    from ssog.layers import SSoGAttention
+
+    layer = SSoGAttention(HEADS * HEAD_DIM, HEADS).to(device, dtype)
+    x = torch.randn(BATCH, 1 + grid * grid, HEADS * HEAD_DIM, device=device, dtype=dtype, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True, backend=backend, mode=mode)
+
+    def step(module: Callable[..., torch.Tensor]) -> Callable[[], Any]:
+        return lambda: module(x, (grid, grid)).sum().backward()
+
+    result: dict[str, Any] = {"grid": grid, "backend": backend, "mode": mode}
+    try:
+        for _ in range(3):  # compiles, then records and replays its graphs
+            step(compiled)()
+        times = time_interleaved({"eager": step(layer), "compiled": step(compiled)}, device=device, warmup=1,
+                                 iters=rounds)
+    except Exception as error:  # noqa: BLE001  (what failed is the result)
+        return {**result, "works": False, "error": f"{type(error).__name__}: {error}"[:500]}
+    return {**result, "works": True, **{f"{name}_ms": stats.median * 1e3 for name, stats in times.items()}}
+
+
 def measure_operator(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
@@ -127,8 +154,12 @@ def measure_operator(args: argparse.Namespace) -> dict[str, Any]:
                 row["peak_bytes"] = {name: peak_memory(call, device=device) for name, call in calls.items()}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    compile_check = compiled_layer(min(args.grids), device, dtype, args.compile_backend, args.compile_mode,
+                                   args.rounds)
+    print(json.dumps(compile_check), flush=True)
     payload = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "shape": {"batch": BATCH, "heads": HEADS, "head_dim": HEAD_DIM, "atoms": ATOMS}, "rows": rows}
+               "shape": {"batch": BATCH, "heads": HEADS, "head_dim": HEAD_DIM, "atoms": ATOMS}, "rows": rows,
+               "compile": compile_check}
     write_atomic(args.output / "operator_goals.json", json.dumps(payload, indent=2) + "\n")
     return payload
 
@@ -153,6 +184,14 @@ def operator_lines(payload: dict[str, Any]) -> list[str]:
             memory = _verdict(row["peak_bytes"]["ssog"] / row["peak_bytes"]["sdpa"], OP_MEMORY, False)
         lines.append(f"| {row['grid']} | {row['pass']} | {ms['sdpa']:.3f} | {ms['ssog']:.3f} | {eager_text} | {graph} "
                      f"| {row['kernels']['sdpa']} / {row['kernels']['ssog']} | {memory} |")
+    check = payload["compile"]
+    how = f"torch.compile(fullgraph=True, backend={check['backend']!r}, mode={check['mode']!r})"
+    if check["works"]:
+        lines += ["", f"A training step of one layer at {check['grid']}x{check['grid']} under {how}: works, "
+                      f"{check['compiled_ms']:.3f} ms against {check['eager_ms']:.3f} ms eager."]
+    else:
+        lines += ["", f"A training step of one layer at {check['grid']}x{check['grid']} under {how}: "
+                      f"**fails**: {check['error']}"]
     return lines
 
 
@@ -204,11 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     measure.add_argument("--grids", type=int, nargs="+", default=sorted(OP_SPEEDUP))
     measure.add_argument("--rounds", type=int, default=20)
     measure.add_argument("--warmup", type=int, default=3)
+    measure.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the layer check")
+    measure.add_argument("--compile-mode", default="reduce-overhead",
+                         help="torch.compile mode of the layer check ('none': the backend's default)")
     summary = commands.add_parser("report", help="write goals.md from the measurements")
     summary.add_argument("output", type=Path)
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     if args.command == "operator":
+        args.compile_mode = None if args.compile_mode == "none" else args.compile_mode
         measure_operator(args)
     else:
         print(report(args.output), end="")

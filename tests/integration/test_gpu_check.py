@@ -56,6 +56,7 @@ def test_goals_run_alone_and_set_each_figure_against_its_goal(tmp_path, run_chil
     operator = json.loads((tmp_path / "operator_goals.json").read_text())
     assert [(row["grid"], row["pass"]) for row in operator["rows"]] == [(4, "forward"), (4, "forward+backward")]
     assert all(row["kernels"]["ssog"] >= 1 and row["ms"]["ssog"] > 0 for row in operator["rows"])
+    assert operator["compile"]["works"], operator["compile"]
     goals = (tmp_path / "goals.md").read_text()
     assert goals == done.stdout[done.stdout.index("# The fused path's GPU goals"):done.stdout.index("goals-operator 0")]
     assert "(met, <= 0.6x)" in goals or "(not met, <= 0.6x)" in goals  # forward+backward memory against its goal
