@@ -185,12 +185,13 @@ if triton is not None:
 
     @triton.jit
     def _column_contraction(
-        v_item, kx_atom, key_row0, out_x, rows, cols, dim, prefix, v_st, kx_sq, kx_sk, d0,
+        v_item, kx_atom, key_row0, out_x, rows, cols, dim, prefix, row_step, col_step, v_st, kx_sq, kx_sk, d0,
         BLOCK_K: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_XK: tl.constexpr, BLOCK_D: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         """``T[(y, f), x'] = sum_x v[y, x, f] kx[x', x]`` for key rows ``key_row0 + (0..BLOCK_K)``,
-        features ``d0 + (0..BLOCK_D)`` and output columns ``out_x``: ``(BLOCK_K * BLOCK_D, BLOCK_X)``."""
+        features ``d0 + (0..BLOCK_D)`` and output columns ``out_x``: ``(BLOCK_K * BLOCK_D, BLOCK_X)``.
+        The token of ``(y, x)`` is ``prefix + y * row_step + x * col_step``."""
         chunk = tl.arange(0, BLOCK_K * BLOCK_D)
         key_y = key_row0 + chunk // BLOCK_D
         feature = d0 + chunk % BLOCK_D
@@ -199,7 +200,7 @@ if triton is not None:
         for x0 in range(0, cols, BLOCK_XK):
             key_x = x0 + tl.arange(0, BLOCK_XK)
             values = tl.load(
-                v_item + (prefix + key_y[:, None] * cols + key_x[None, :]) * v_st + feature[:, None],
+                v_item + (prefix + key_y[:, None] * row_step + key_x[None, :] * col_step) * v_st + feature[:, None],
                 mask=row_ok[:, None] & (key_x[None, :] < cols), other=0.0,
             )
             kernel = tl.load(
@@ -251,7 +252,7 @@ if triton is not None:
             key_y = k0 + tl.arange(0, BLOCK_K)
             for atom in tl.static_range(ATOMS):
                 t = _column_contraction(
-                    v_item, kx_ptr + head * kx_sh + atom * kx_sr, k0, out_x, rows, cols, dim, prefix, v_st,
+                    v_item, kx_ptr + head * kx_sh + atom * kx_sr, k0, out_x, rows, cols, dim, prefix, cols, 1, v_st,
                     kx_sq, kx_sk, d0, BLOCK_K, BLOCK_X, BLOCK_XK, BLOCK_D, PRECISION,
                 )
                 ky = tl.load(
@@ -287,7 +288,6 @@ if triton is not None:
         atom = head_atom % ATOMS
         out_y = tl.program_id(1) * BLOCK_Y + tl.arange(0, BLOCK_Y)
         k0 = tl.program_id(2) * BLOCK_K
-        chunk = tl.arange(0, BLOCK_K * BLOCK_D)
         inner = inner_ptr + head * in_sh + atom * in_sr
         acc = tl.zeros((BLOCK_Y, BLOCK_K), dtype=tl.float32)
         for b in range(batch):
@@ -296,22 +296,10 @@ if triton is not None:
             for tile in range(tiles_x):
                 out_x = tile * BLOCK_X + tl.arange(0, BLOCK_X)
                 for d0 in range(0, dim, BLOCK_D):
-                    key_y = k0 + chunk // BLOCK_D
-                    feature = d0 + chunk % BLOCK_D
-                    row_ok = (key_y < rows) & (feature < dim)
-                    t = tl.zeros((BLOCK_K * BLOCK_D, BLOCK_X), dtype=tl.float32)
-                    for x0 in range(0, cols, BLOCK_XK):
-                        key_x = x0 + tl.arange(0, BLOCK_XK)
-                        values = tl.load(
-                            v_item + (prefix + key_y[:, None] * row_step + key_x[None, :] * col_step) * v_st
-                            + feature[:, None],
-                            mask=row_ok[:, None] & (key_x[None, :] < cols), other=0.0,
-                        )
-                        kernel = tl.load(
-                            inner + out_x[None, :] * in_sq + key_x[:, None] * in_sk,
-                            mask=(key_x[:, None] < cols) & (out_x[None, :] < cols), other=0.0,
-                        )
-                        t += _dot(values, kernel, PRECISION)
+                    t = _column_contraction(
+                        v_item, inner, k0, out_x, rows, cols, dim, prefix, row_step, col_step, v_st, in_sq, in_sk,
+                        d0, BLOCK_K, BLOCK_X, BLOCK_XK, BLOCK_D, PRECISION,
+                    )
                     # g[y', (f, x')] for the tile's rows, this feature block and these columns
                     g_feature = d0 + tl.arange(0, BLOCK_D)
                     g = tl.load(

@@ -254,8 +254,10 @@ struct FixedKernels {
   std::vector<float> ky, kx;        // [head][atom][query row][stride_y], [head][atom][query col][stride_x]
   std::vector<int> ky_span, kx_span;  // [head][atom][query][first, end]
 
-  FixedKernels(const float* mu, const float* sigma, const float* weight, int heads, int atoms_, int rows_,
-               int cols_, int atom_group, int column_group)
+  // fill_row(axis, head, atom, query, row, length) writes one kernel row (axis 0: ky, 1: kx); each
+  // row's span above the floor is found here.
+  template <class FillRow>
+  FixedKernels(int heads, int atoms_, int rows_, int cols_, int atom_group, int column_group, FillRow fill_row)
       : atoms(atoms_), padded_atoms(round_up(atoms_, atom_group)), rows(rows_), cols(cols_),
         padded_cols(round_up(cols_, column_group)), stride_y(padded(rows_)), stride_x(padded(cols_)),
         ky(static_cast<size_t>(heads) * padded_atoms * rows * stride_y, 0.0f),
@@ -270,47 +272,41 @@ struct FixedKernels {
       const int64_t y_rows = head * padded_atoms + atom, x_rows = head * atoms + atom;
       for (int query = 0; query < rows; ++query) {
         float* row = &ky[(y_rows * rows + query) * stride_y];
-        gaussian_row(query + mu[2 * head_atom], sigma[2 * head_atom], weight[head_atom], rows, row);
+        fill_row(0, head, atom, query, row, rows);
         int* span = &ky_span[(y_rows * rows + query) * 2];
         span_above_floor(row, 1, 0, rows, span, span + 1);
       }
       for (int query = 0; query < cols; ++query) {
         float* row = &kx[(x_rows * padded_cols + query) * stride_x];
-        gaussian_row(query + mu[2 * head_atom + 1], sigma[2 * head_atom + 1], 1.0f, cols, row);
+        fill_row(1, head, atom, query, row, cols);
         int* span = &kx_span[(x_rows * padded_cols + query) * 2];
         span_above_floor(row, 1, 0, cols, span, span + 1);
       }
     }
   }
 
-  // From given tables instead (ssog::fixed_mix's CPU kernel: the op takes the tables, built or
-  // transposed by the caller): element [h][r][q][k] at h * s[0] + r * s[1] + q * s[2] + k * s[3].
-  FixedKernels(const float* ky_in, const int64_t* ky_s, const float* kx_in, const int64_t* kx_s, int heads,
-               int atoms_, int rows_, int cols_, int atom_group, int column_group)
-      : atoms(atoms_), padded_atoms(round_up(atoms_, atom_group)), rows(rows_), cols(cols_),
-        padded_cols(round_up(cols_, column_group)), stride_y(padded(rows_)), stride_x(padded(cols_)),
-        ky(static_cast<size_t>(heads) * padded_atoms * rows * stride_y, 0.0f),
-        kx(static_cast<size_t>(heads) * atoms * padded_cols * stride_x, 0.0f),
-        ky_span(static_cast<size_t>(heads) * padded_atoms * rows * 2, 0),
-        kx_span(static_cast<size_t>(heads) * atoms * padded_cols * 2, 0) {
-    for (int64_t head_atom = 0; head_atom < static_cast<int64_t>(heads) * atoms; ++head_atom) {
-      const int64_t head = head_atom / atoms, atom = head_atom % atoms;
-      const int64_t y_rows = head * padded_atoms + atom, x_rows = head * atoms + atom;
-      for (int query = 0; query < rows; ++query) {
-        float* row = &ky[(y_rows * rows + query) * stride_y];
-        const float* in = ky_in + head * ky_s[0] + atom * ky_s[1] + query * ky_s[2];
-        for (int key = 0; key < rows; ++key) row[key] = in[key * ky_s[3]];
-        int* span = &ky_span[(y_rows * rows + query) * 2];
-        span_above_floor(row, 1, 0, rows, span, span + 1);
-      }
-      for (int query = 0; query < cols; ++query) {
-        float* row = &kx[(x_rows * padded_cols + query) * stride_x];
-        const float* in = kx_in + head * kx_s[0] + atom * kx_s[1] + query * kx_s[2];
-        for (int key = 0; key < cols; ++key) row[key] = in[key * kx_s[3]];
-        int* span = &kx_span[(x_rows * padded_cols + query) * 2];
-        span_above_floor(row, 1, 0, cols, span, span + 1);
-      }
-    }
+  // The rows built from the mixture parameters (the gaussian_rows formula, weights folded into ky).
+  static FixedKernels from_parameters(const float* mu, const float* sigma, const float* weight, int heads, int atoms,
+                                      int rows, int cols, int atom_group, int column_group) {
+    return FixedKernels(heads, atoms, rows, cols, atom_group, column_group,
+                        [&](int axis, int64_t head, int64_t atom, int query, float* row, int length) {
+                          const int64_t at = head * atoms + atom;
+                          gaussian_row(query + mu[2 * at + axis], sigma[2 * at + axis], axis == 0 ? weight[at] : 1.0f,
+                                       length, row);
+                        });
+  }
+
+  // The rows copied from given tables (ssog::fixed_mix's CPU kernel: the op takes the tables, built
+  // or transposed by the caller): element [h][r][q][k] at h * s[0] + r * s[1] + q * s[2] + k * s[3].
+  static FixedKernels from_tables(const float* ky_in, const int64_t* ky_s, const float* kx_in, const int64_t* kx_s,
+                                  int heads, int atoms, int rows, int cols, int atom_group, int column_group) {
+    return FixedKernels(heads, atoms, rows, cols, atom_group, column_group,
+                        [&](int axis, int64_t head, int64_t atom, int query, float* row, int length) {
+                          const float* table = axis == 0 ? ky_in : kx_in;
+                          const int64_t* s = axis == 0 ? ky_s : kx_s;
+                          const float* in = table + head * s[0] + atom * s[1] + query * s[2];
+                          for (int key = 0; key < length; ++key) row[key] = in[key * s[3]];
+                        });
   }
 
   size_t bytes() const {
@@ -347,8 +343,8 @@ std::shared_ptr<const FixedKernels> fixed_kernels(const float* mu, const float* 
       }
     }
   }
-  auto built = std::make_shared<const FixedKernels>(mu, sigma, weight, heads, atoms, rows, cols, atom_group,
-                                                    column_group);
+  auto built = std::make_shared<const FixedKernels>(
+      FixedKernels::from_parameters(mu, sigma, weight, heads, atoms, rows, cols, atom_group, column_group));
   const std::lock_guard<std::mutex> lock(mutex);
   cache.emplace_front(std::move(key), built);
   size_t bytes = 0;
@@ -450,8 +446,8 @@ template <int kVectors>
 void fixed_forward_tables(const float* v, Layout v_layout, const float* ky, const int64_t* ky_s, const float* kx,
                           const int64_t* kx_s, float* out, Layout out_layout, int64_t items, int heads, int rows,
                           int cols, int atoms, int threads) {
-  const FixedKernels kernels(ky, ky_s, kx, kx_s, heads, atoms, rows, cols, atom_group<kVectors>(),
-                            column_group<kVectors>());
+  const FixedKernels kernels = FixedKernels::from_tables(ky, ky_s, kx, kx_s, heads, atoms, rows, cols,
+                                                         atom_group<kVectors>(), column_group<kVectors>());
   fixed_rows<kVectors>(v, v_layout, kernels, out, out_layout, items, heads, threads);
 }
 
