@@ -197,12 +197,12 @@ def _oom_after(tokens: int, error: Exception, calls: list):
     """A MultiHeadAttention.forward that runs out of memory above ``tokens`` tokens."""
     original = MultiHeadAttention.forward
 
-    def forward(self, x, grid_size):
+    def forward(self, x, grid_size, **kwargs):
         if x.device.type != "meta":  # FLOP counting runs on the meta device
             calls.append(x.shape[1])
             if x.shape[1] > tokens:
                 raise error
-        return original(self, x, grid_size)
+        return original(self, x, grid_size, **kwargs)
 
     return forward
 

@@ -16,13 +16,13 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     payload = json.loads((tmp_path / "operator.json").read_text())
     rows = payload["results"]
     expected = {(g, p, c) for g in (3, 5) for p in ("forward", "forward+backward")
-                for c in ("sdpa", "auto", "dense", "separable", "local")}
+                for c in ("sdpa", "auto", "dense", "separable", "local", "fused")}
     assert {(r["grid"], r["pass_"], r["candidate"]) for r in rows} == expected
     for row in rows:
         assert row["tokens"] == row["grid"] ** 2 and row["median_ms"] > 0 and row["peak_mib"] > 0
         if row["candidate"] == "sdpa":
             assert row["speedup_median"] == row["peak_ratio"] == row["footprint_ratio"] == 1.0
-    assert {r["extra"]["picked"] for r in rows if r["candidate"] == "auto"} <= {"dense", "separable"}
+    assert {r["extra"]["picked"] for r in rows if r["candidate"] == "auto"} <= {"dense", "separable", "fused", "cpp"}
     assert payload["steered_memory"]["grid"] == 4 and payload["steered_memory"]["forward_peak_mib"] > 0
     assert payload["environment"]["threads"] >= 1
     assert (tmp_path / "operator_speedup.png").stat().st_size > 0

@@ -44,8 +44,8 @@ def field_branches(model: nn.Module, images: Tensor) -> dict[str, Any]:
     outputs: dict[str, Tensor] = {}
     evaluations: list[dict[str, float]] = []
 
-    def on_field(module: VectorField, args: tuple[Tensor, Tensor, tuple[int, int]], out: Tensor) -> None:
-        t, x, _ = args
+    def on_field(module: VectorField, args: tuple[Any, ...], out: Tensor) -> None:
+        t, x = args[:2]  # (t, x, grid_size[, prepared])
         emb = timestep_embedding(t, module.dim).to(x.dtype).unsqueeze(0)
         _, _, gate_mixer, _, _, gate_mlp = module.adaLN_modulation(emb).chunk(6, dim=-1)
         evaluations.append({
