@@ -11,6 +11,9 @@ for name in cifar10 cifar100 tiny-imagenet-200; do
   [[ -d $DATA/$name ]] || tar xzf "$SHARED/data/$name-train.tar.gz" -C "$DATA"
 done
 mkdir -p "$RUNS/claims"
+# Claims outlive workers killed with the machine: without a worker left, none is live, and the
+# runs they name are resumed from their checkpoints.
+pgrep -f "$RUNS/worker.sh" > /dev/null || find "$RUNS/claims" -mindepth 1 -maxdepth 1 -type d -exec rmdir {} +
 cp "$here/queue_worker.sh" "$RUNS/worker.sh" && chmod +x "$RUNS/worker.sh"
 [[ -f $RUNS/queue.txt ]] || cp "$here/queue.txt" "$RUNS/queue.txt"
 rm -f "$RUNS/STOP"
