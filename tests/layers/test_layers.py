@@ -102,6 +102,40 @@ def test_backends_agree_inside_the_layer(backend):
     torch.testing.assert_close(layer(x, GRID), reference(x, GRID), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend,steer", [
+    ("auto", ()), ("fused", ()), ("dense", ()), ("separable", ()),
+    ("auto", ("mu", "sigma", "lambda")), ("dense", ("mu", "sigma", "lambda")),
+])
+def test_a_kernel_offset_is_the_mixture_moved_by_it(backend, steer):
+    """``kernel_offset (H, R, 5)`` adds to mu (y, x), rho (y, x) and the logits, on every path
+    (fused tables with and without gradients, the backends, steering), and reaches its values'
+    gradient; ``prepare(grid, offset)`` gives what the call builds."""
+    torch.manual_seed(0)
+    layer = SSoGAttention(DIM, HEADS, backend=backend, steer=steer, steer_gate_init=0.0).double()
+    moved = SSoGAttention(DIM, HEADS, backend=backend, steer=steer, steer_gate_init=0.0).double()
+    moved.load_state_dict(layer.state_dict())
+    offset = (0.3 * torch.randn(HEADS, layer.num_atoms, 5, dtype=torch.float64)).requires_grad_()
+    with torch.no_grad():
+        moved.mu += offset[..., 0:2]
+        moved.rho += offset[..., 2:4]
+        moved.logits += offset[..., 4]
+    x = tokens()
+    out = layer(x, GRID, kernel_offset=offset)
+    torch.testing.assert_close(out, moved(x, GRID))
+    out.square().sum().backward()
+    assert offset.grad is not None and offset.grad.abs().sum() > 0
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, GRID, kernel_offset=offset), moved(x, GRID))
+        prepared = layer.prepare(GRID, offset)
+        torch.testing.assert_close(layer(x, GRID, prepared=prepared, kernel_offset=offset), moved(x, GRID))
+
+
+def test_a_kernel_offset_of_the_wrong_shape_is_named():
+    layer = SSoGAttention(DIM, HEADS)
+    with pytest.raises(ValueError, match=r"kernel_offset has shape \(4, 4, 3\): expected \(heads, atoms, 5\)"):
+        layer(tokens(dtype=torch.float32), GRID, kernel_offset=torch.zeros(HEADS, 4, 3))
+
+
 def test_inference_reuses_the_fixed_tables_until_the_parameters_change():
     from ssog.ops import forced_backend
 

@@ -398,6 +398,43 @@ def test_layernorm_field_option():
     assert model(images(model)).shape == (2, 10)
 
 
+def test_time_kernels_start_as_the_fixed_kernels_and_move_them_with_t():
+    """``time_kernels``: one adaLN-Zero map of the time embedding to D*H*R*5 offsets of the
+    kernels; at init the model is the fixed-kernel model with the same weights, an offset
+    ``c`` (the map's bias) is the fixed kernels moved by ``c``, and the map trains."""
+    moving = _random_field(timm.create_model("ssog_odevit_micro_patch1_8", time_kernels=True))
+    fixed = timm.create_model("ssog_odevit_micro_patch1_8")
+    assert set(moving.state_dict()) - set(fixed.state_dict()) == {
+        "field.kernel_modulation.1.weight", "field.kernel_modulation.1.bias"}
+    heads, atoms, dim = moving.num_heads, moving.field.attn.num_atoms, moving.embed_dim
+    added = (dim + 1) * heads * atoms * 5
+    for part in ("total", "modulation"):
+        assert count_parameters(moving)[part] - count_parameters(fixed)[part] == added
+    assert moving.config()["time_kernels"] is True and fixed.config()["time_kernels"] is False
+    fixed.load_state_dict(moving.state_dict(), strict=False)
+    with torch.no_grad():
+        moving.head.weight.normal_()
+        fixed.head.weight.copy_(moving.head.weight)
+    x = images(moving)
+    torch.testing.assert_close(moving(x), fixed(x))
+
+    offset = 0.3 * torch.randn(heads, atoms, 5)
+    with torch.no_grad():
+        moving.field.kernel_modulation[1].bias.copy_(offset.flatten())
+        attn = fixed.field.attn
+        attn.mu += offset[..., 0:2]
+        attn.rho += offset[..., 2:4]
+        attn.logits += offset[..., 4]
+    torch.testing.assert_close(moving(x), fixed(x))
+    moving(x).square().sum().backward()
+    assert moving.field.kernel_modulation[1].weight.grad.abs().sum() > 0
+
+
+def test_time_kernels_need_ssogs_kernels():
+    with pytest.raises(ValueError, match="time_kernels moves SSoG's kernels with t, and op 'mha' has none"):
+        timm.create_model("mha_odevit_micro_patch1_8", time_kernels=True)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_timm_default_weight_init_is_timms_vit_init(family):
     """``weight_init=""``: trunc-normal(0.02) position embedding and Linear weights, zero

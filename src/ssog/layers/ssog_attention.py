@@ -43,6 +43,9 @@ WIDTH_INITS = ("ladder", "narrow")
 REFERENCE_GRID = 8
 #: How a model sets its layers' ``kernel_scale`` (:func:`kernel_scale_for_grid`).
 KERNEL_UNITS = ("image", "tokens")
+#: The last dimension of a kernel offset (:meth:`SSoGAttention.forward`'s ``kernel_offset``):
+#: per head and atom, what is added to ``mu (y, x)``, ``rho (y, x)`` and the mixture logit.
+KERNEL_OFFSET_SIZE = 5
 
 
 def _inverse_softplus(y: Tensor) -> Tensor:
@@ -325,14 +328,31 @@ class SSoGAttention(nn.Module):
         """The fixed (unsteered) mixture: ``mu, sigma (H, R, 2)`` and ``weight (H, R)``."""
         return {"mu": self.mu, "sigma": self.sigma(), "weight": self.weight()}
 
-    def mixture(self, patches: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Mixture parameters, fixed or steered by the patch tokens ``(B, N, D)`` (through ``q_norm``).
+    def _offset_parameters(self, kernel_offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``mu, rho (H, R, 2)`` and ``logits (H, R)``, moved by ``kernel_offset (H, R, 5)`` if given."""
+        if kernel_offset is None:
+            return self.mu, self.rho, self.logits
+        expected = (self.num_heads, self.num_atoms, KERNEL_OFFSET_SIZE)
+        if tuple(kernel_offset.shape) != expected:
+            raise ValueError(
+                f"kernel_offset has shape {tuple(kernel_offset.shape)}: expected (heads, atoms, 5) = {expected}, "
+                "what is added to mu (y, x), rho (y, x) and the mixture logit"
+            )
+        return (self.mu + kernel_offset[..., 0:2], self.rho + kernel_offset[..., 2:4],
+                self.logits + kernel_offset[..., 4])
+
+    def mixture(
+        self, patches: Tensor | None = None, kernel_offset: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Mixture parameters, fixed or steered by the patch tokens ``(B, N, D)`` (through ``q_norm``),
+        moved by ``kernel_offset`` (see :meth:`forward`) if given.
 
         Returns ``mu, sigma`` ``(H, R, 2)`` and ``weight (H, R)`` without steering, else
         ``(B, H, N, R, 2)`` and ``(B, H, N, R)``.
         """
+        mu, rho, logits = self._offset_parameters(kernel_offset)
         if not self.steer:
-            return self.mu, self.sigma(), self.weight()
+            return mu, self.sigma_min + F.softplus(rho), logits.softmax(dim=-1)
         if patches is None:
             raise ValueError("a steered SSoGAttention needs the patch tokens to compute its mixture")
         patches = self.q_norm(patches)
@@ -351,9 +371,9 @@ class SSoGAttention(nn.Module):
             return gate * out  # (B, H, N, R, components)
 
         shape = (batch, heads, n, atoms)
-        mu = self.mu.unsqueeze(1).expand(*shape, 2)
-        rho = self.rho.unsqueeze(1).expand(*shape, 2)
-        logits = self.logits.unsqueeze(1).expand(*shape)
+        mu = mu.unsqueeze(1).expand(*shape, 2)
+        rho = rho.unsqueeze(1).expand(*shape, 2)
+        logits = logits.unsqueeze(1).expand(*shape)
         if "mu" in self.steer:
             radius_y, radius_x = self.steer_radius
             reach = radius_y if radius_y == radius_x else mu.new_tensor(self.steer_radius)
@@ -388,23 +408,27 @@ class SSoGAttention(nn.Module):
     def forward(
         self, x: Tensor, grid_size: tuple[int, int] | None = None, attn_mask: Tensor | None = None,
         is_causal: bool = False, prepared: tuple[Tensor, Tensor] | None = None,
+        kernel_offset: Tensor | None = None,
     ) -> Tensor:
         """``x (B, P + Hg*Wg, dim)`` -> same shape, on the grid ``grid_size`` (else
         :meth:`token_grid`'s). ``attn_mask`` and ``is_causal`` (timm's call) must be unset:
         SSoG mixes by position. ``prepared``: what :meth:`prepare` returned for this grid, in a
-        model that applies the layer several times per forward pass."""
+        model that applies the layer several times per forward pass. ``kernel_offset (H, R, 5)``:
+        added to this call's ``mu (y, x)``, ``rho (y, x)`` and mixture logits (the continuous
+        family's time-dependent kernels); ``prepared`` must then come from
+        ``prepare(grid_size, kernel_offset)``."""
         if attn_mask is not None or is_causal:
             raise ValueError("SSoG mixes by position and takes no attention mask")
         grid_size = self.token_grid(x, grid_size)
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
         values = self.v(x)
         if self._takes_fused(values.device, values.dtype) and not functorch_wrapped(values):
-            ky, kx = prepared if prepared is not None else self.fixed_tables(grid_size)
+            ky, kx = prepared if prepared is not None else self.fixed_tables(grid_size, kernel_offset)
             # the registered op (ssog.ops.fused.fixed_mix): (B, T, dim) in, (B, T, dim) out
             out = torch.ops.ssog.fixed_mix.default(values, ky, kx, self.num_prefix_tokens)
         else:
             by_head = values.view(batch, tokens, self.num_heads, self.head_dim)
-            out = self._mix_by_backend(x, by_head, grid_size).view(batch, tokens, self.dim)
+            out = self._mix_by_backend(x, by_head, grid_size, kernel_offset).view(batch, tokens, self.dim)
         return self.proj_drop(self.proj(self.norm(out)))
 
     def _takes_fused(self, device: torch.device, dtype: torch.dtype) -> bool:
@@ -420,7 +444,9 @@ class SSoGAttention(nn.Module):
         name = "fused" if self.backend == "auto" else self.backend
         return BACKENDS[name].can_run(device, dtype, self.head_dim, False, torch.is_grad_enabled())
 
-    def _mix_by_backend(self, x: Tensor, values: Tensor, grid_size: tuple[int, int]) -> Tensor:
+    def _mix_by_backend(
+        self, x: Tensor, values: Tensor, grid_size: tuple[int, int], kernel_offset: Tensor | None = None,
+    ) -> Tensor:
         """The mixer's tokens ``(B, T, H, d)`` by :func:`ssog.ops.functional.mix_unchecked` (steered
         kernels, an explicit backend other than ``fused``), or, with attention dropout in
         training, by the dense matrix, dropped out."""
@@ -429,7 +455,7 @@ class SSoGAttention(nn.Module):
         patch_values = values[:, prefix:].transpose(1, 2)  # (B, H, N, d)
         out = values.new_empty(batch, tokens, heads, head_dim)
         patch_out = out[:, prefix:].transpose(1, 2)  # written in place, no (B, H, N, d) copies
-        mu, sigma, weight = self.mixture(x[:, prefix:])
+        mu, sigma, weight = self.mixture(x[:, prefix:], kernel_offset)
         if self.training and self.attn_drop.p > 0:
             matrix = matrix_unchecked(mu, sigma, weight, grid_size).expand(batch, heads, -1, -1)
             patch_out.copy_(self.attn_drop(matrix).to(patch_values.dtype) @ patch_values)
@@ -439,25 +465,34 @@ class SSoGAttention(nn.Module):
             out[:, :prefix] = patch_values.mean(dim=2).unsqueeze(1)
         return out
 
-    def prepare(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
+    def prepare(
+        self, grid_size: tuple[int, int], kernel_offset: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor] | None:
         """What a model that applies this layer several times per forward pass (the looped and
         continuous families) computes once and passes to each call as ``prepared``: the fixed
         1-D kernels (:meth:`fixed_tables`) where the layer mixes with the registered ops, else
         ``None``."""
-        return self.fixed_tables(grid_size) if self._takes_fused(self.mu.device, self.mu.dtype) else None
+        if not self._takes_fused(self.mu.device, self.mu.dtype):
+            return None
+        return self.fixed_tables(grid_size, kernel_offset)
 
-    def fixed_tables(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """The fixed mixture's 1-D kernels on ``grid_size``: ``ky (H, R, Hg, Hg)`` with the mixture
-        weights folded in and ``kx (H, R, Wg, Wg)`` (float32, whatever the parameters' dtype;
-        float64 for float64 parameters), from one op (:func:`ssog.ops.fused.layer_tables`). In
-        inference (no gradients, outside graph capture, over parameters with values) they are kept
-        until the parameters change (:meth:`_mixture_key`)."""
-        keep = not torch.is_grad_enabled() and not capturing_graph() and holds_values(self.mu)
+    def fixed_tables(
+        self, grid_size: tuple[int, int], kernel_offset: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The fixed mixture's 1-D kernels on ``grid_size`` (moved by ``kernel_offset``, see
+        :meth:`forward`): ``ky (H, R, Hg, Hg)`` with the mixture weights folded in and ``kx (H, R,
+        Wg, Wg)`` (float32, whatever the parameters' dtype; float64 for float64 parameters), from
+        one op (:func:`ssog.ops.fused.layer_tables`). In inference (no gradients, outside graph
+        capture, over parameters with values, no offset) they are kept until the parameters
+        change (:meth:`_mixture_key`)."""
+        mu, rho, logits = self._offset_parameters(kernel_offset)
+        keep = (kernel_offset is None and not torch.is_grad_enabled() and not capturing_graph()
+                and holds_values(self.mu))
         if keep:
             key = (tuple(grid_size), self._mixture_key())
             if self._tables_cache is not None and self._tables_cache[0] == key:
                 return self._tables_cache[1]
-        ky, kx, _ = torch.ops.ssog.layer_tables.default(self.mu, self.rho, self.logits, self.sigma_min, *grid_size)
+        ky, kx, _ = torch.ops.ssog.layer_tables.default(mu, rho, logits, self.sigma_min, *grid_size)
         if keep:
             self._tables_cache = (key, (ky, kx))
         return ky, kx
@@ -586,6 +621,6 @@ def _module_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str,
 __all__ = [
     "CLASS_TOKEN_POOLING",
     "SSoGAttention", "STEERABLE", "CENTRE_INITS", "TokenGridFromImages", "follow_model_grid", "WIDTH_INITS",
-    "KERNEL_UNITS", "REFERENCE_GRID",
+    "KERNEL_OFFSET_SIZE", "KERNEL_UNITS", "REFERENCE_GRID",
     "describe_initial_kernels", "initial_centres", "initial_widths", "kernel_scale_for_grid", "multiscale_widths",
 ]

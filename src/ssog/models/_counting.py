@@ -35,7 +35,7 @@ def _part(model: nn.Module, name: str, module: nn.Module) -> str | None:
         return "patch_embed"
     if module is getattr(model, "head", None):
         return "head"
-    if name.endswith("adaLN_modulation"):
+    if name.endswith(("adaLN_modulation", "kernel_modulation")):
         return "modulation"
     if isinstance(module, (nn.LayerNorm, CenterNorm)):
         return "norms"

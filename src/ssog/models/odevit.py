@@ -23,7 +23,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torchdiffeq import odeint, odeint_adjoint
 
-from ..layers import CenterNorm
+from ..layers import KERNEL_OFFSET_SIZE, CenterNorm, SSoGAttention
 from ..layers.options import check_integer, check_number
 from ._base import ViTBase
 from ._blocks import create_mixer, create_mlp
@@ -83,6 +83,13 @@ class VectorField(nn.Module):
     :class:`~ssog.layers.CenterNorm` (``norm="center"``, linear, so with fixed SSoG the
     field is globally Lipschitz in ``x``) or LayerNorm without affine (``"layernorm"``).
 
+    ``time_kernels=True`` (SSoG only) lets the mixer's kernels move with ``t``: a second
+    adaLN-Zero map ``Linear(D, H*R*5)(SiLU(emb(t)))`` adds offsets to the centres, the widths
+    (before the softplus) and the mixture logits of every head and atom
+    (:meth:`SSoGAttention.forward`'s ``kernel_offset``). Attention's field changes its mixing
+    with ``t`` through the modulated queries and keys; a fixed kernel cannot, and this gives it
+    the way to, at ``D*H*R*5`` parameters and one build of the 1-D kernels per evaluation.
+
     Call ``field(t, x, (Hg, Wg))`` with a scalar tensor ``t`` and tokens ``x (B, P + Hg*Wg, D)``
     on a token grid of ``Hg x Wg``; ``field.nfe`` counts the calls.
     """
@@ -100,6 +107,7 @@ class VectorField(nn.Module):
         drop_path: float = 0.0,
         mixer_kwargs: dict[str, Any] | None = None,
         norm: str = "center",
+        time_kernels: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -107,6 +115,8 @@ class VectorField(nn.Module):
         dd: dict[str, Any] = {"device": device, "dtype": dtype}
         if norm not in FIELD_NORMS:
             raise ValueError(f"unknown field norm {norm!r}: expected one of {FIELD_NORMS}")
+        if not isinstance(time_kernels, bool):
+            raise ValueError(f"time_kernels={time_kernels!r}: expected true or false")
         self.dim = dim
         self.norm = CenterNorm(dim) if norm == "center" else nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False, **dd)
         self.attn = create_mixer(
@@ -115,15 +125,34 @@ class VectorField(nn.Module):
         )
         self.mlp = create_mlp(dim, mlp_ratio, proj_drop=proj_drop, **dd)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, **dd))
+        self.kernel_modulation: nn.Sequential | None = None
+        if time_kernels:
+            if not isinstance(self.attn, SSoGAttention):
+                raise ValueError(
+                    f"time_kernels moves SSoG's kernels with t, and op {op!r} has none: use op='ssog' or "
+                    "time_kernels=False"
+                )
+            offsets = self.attn.num_heads * self.attn.num_atoms * KERNEL_OFFSET_SIZE
+            self.kernel_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, offsets, **dd))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.nfe = 0
 
     def zero_modulation(self) -> None:
-        """adaLN-Zero: all gates and shifts 0, so ``f = 0`` and the flow is the identity."""
-        modulation = self.adaLN_modulation[1]
-        assert isinstance(modulation, nn.Linear)
-        nn.init.zeros_(modulation.weight)
-        nn.init.zeros_(modulation.bias)
+        """adaLN-Zero: all gates and shifts 0, so ``f = 0`` and the flow is the identity; the
+        kernels' offsets (``time_kernels``) 0, so they start as the mixer's own."""
+        for modulation in (self.adaLN_modulation, self.kernel_modulation):
+            if modulation is not None:
+                nn.init.zeros_(modulation[1].weight)
+                nn.init.zeros_(modulation[1].bias)
+
+    @property
+    def time_kernels(self) -> bool:
+        return self.kernel_modulation is not None
+
+    def prepare(self, grid_size: tuple[int, int]) -> Any:
+        """What the mixer computes once per integration (its ``prepare``), or ``None`` with
+        ``time_kernels``, whose kernels are built at each evaluation."""
+        return None if self.time_kernels else self.attn.prepare(grid_size)
 
     def forward(self, t: Tensor, x: Tensor, grid_size: tuple[int, int], prepared: Any = None) -> Tensor:
         """``t`` scalar tensor, ``x (B, P + Hg*Wg, D)`` on the grid ``grid_size = (Hg, Wg)`` ->
@@ -134,7 +163,12 @@ class VectorField(nn.Module):
         c = timestep_embedding(t, self.dim).to(x.dtype).unsqueeze(0)
         s_a, b_a, g_a, s_m, b_m, g_m = self.adaLN_modulation(c).chunk(6, dim=-1)
         h = self.norm(x)
-        attn = g_a * self.attn(h * (1 + s_a) + b_a, grid_size, prepared=prepared)
+        mixer_input = h * (1 + s_a) + b_a
+        if self.kernel_modulation is not None:
+            offset = self.kernel_modulation(c).view(self.attn.num_heads, self.attn.num_atoms, KERNEL_OFFSET_SIZE)
+            attn = g_a * self.attn(mixer_input, grid_size, kernel_offset=offset)
+        else:
+            attn = g_a * self.attn(mixer_input, grid_size, prepared=prepared)
         mlp = g_m * self.mlp(h * (1 + s_m) + b_m)
         return self.drop_path(attn) + self.drop_path(mlp)
 
@@ -155,6 +189,7 @@ class OdeViT(ViTBase):
         adjoint: back-propagate with torchdiffeq's adjoint method (memory constant in the
             number of steps, gradients from a backward solve).
         field_norm: ``"center"`` (CenterNorm, default) or ``"layernorm"`` (no affine).
+        time_kernels: SSoG's kernels move with ``t`` (:class:`VectorField`); off by default.
         weight_init: timm's ViT init mode (:meth:`~ssog.models._base.ViTBase.init_weights`);
             ``"jax"`` here by default, the xavier-uniform init DiT gives its adaLN-Zero
             blocks: with the discrete family's trunc-normal(0.02) (``""``) the gated branches
@@ -176,6 +211,7 @@ class OdeViT(ViTBase):
         atol: float = 1e-4,
         adjoint: bool = False,
         field_norm: str = "center",
+        time_kernels: bool = False,
         weight_init: str = "jax",
         **kwargs: Any,
     ) -> None:
@@ -183,7 +219,8 @@ class OdeViT(ViTBase):
         _check_integration(nfe, rtol, atol)
         super().__init__(weight_init=weight_init, **kwargs)
         self.field_norm = field_norm
-        self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm)
+        self.field = VectorField(**self._block_args(), drop_path=self.drop_path_rate, norm=field_norm,
+                                 time_kernels=time_kernels)
         self.default_nfe = default_nfe
         self.steps: int | None  # fixed steps; None for an adaptive solver
         self.solver, self.steps = "euler", default_nfe  # euler: one evaluation per step
@@ -251,6 +288,7 @@ class OdeViT(ViTBase):
             **({} if fixed else {"rtol": self.rtol, "atol": self.atol}),
             "adjoint": self.adjoint,
             "field_norm": self.field_norm,
+            "time_kernels": self.field.time_kernels,
         }
 
     # ------------------------------------------------------------------ integration
@@ -309,7 +347,7 @@ class OdeViT(ViTBase):
         activation checkpoint per evaluation when grad checkpointing is on
         (:meth:`~ssog.models._base.ViTBase.set_grad_checkpointing`). What the mixer prepares
         for the grid (SSoG's fixed 1-D kernels) is computed once, for every evaluation."""
-        prepared = self.field.attn.prepare(grid_size)
+        prepared = self.field.prepare(grid_size)
         return lambda t, x: self._maybe_checkpoint(self.field, t, x, grid_size, prepared)
 
     def _fixed_steps(self, x: Tensor, grid_size: tuple[int, int], num_steps: int) -> list[Tensor]:
