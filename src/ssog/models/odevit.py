@@ -142,11 +142,12 @@ class VectorField(nn.Module):
         kernels' offsets (``time_kernels``) 0, so they start as the mixer's own."""
         for modulation in (self.adaLN_modulation, self.kernel_modulation):
             if modulation is not None:
-                nn.init.zeros_(modulation[1].weight)
-                nn.init.zeros_(modulation[1].bias)
+                for parameter in modulation.parameters():
+                    nn.init.zeros_(parameter)
 
     @property
     def time_kernels(self) -> bool:
+        """Whether the mixer's kernels move with ``t`` (the constructor's ``time_kernels``)."""
         return self.kernel_modulation is not None
 
     def prepare(self, grid_size: tuple[int, int]) -> Any:
