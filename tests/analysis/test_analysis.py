@@ -36,10 +36,13 @@ def noise(batch: int = 4) -> torch.Tensor:
 
 
 def open_field_gates(model: torch.nn.Module) -> None:
-    """A fresh ODE field is zero (adaLN-Zero); random modulation makes it a real test."""
+    """A fresh ODE field is zero (adaLN-Zero); random modulation makes it a real test (with
+    ``time_kernels``, kernels that move with t too)."""
     torch.manual_seed(2)
-    torch.nn.init.normal_(model.field.adaLN_modulation[1].weight, std=0.3)
-    torch.nn.init.normal_(model.field.adaLN_modulation[1].bias, std=0.3)
+    for modulation in (model.field.adaLN_modulation, model.field.kernel_modulation):
+        if modulation is not None:
+            torch.nn.init.normal_(modulation[1].weight, std=0.3)
+            torch.nn.init.normal_(modulation[1].bias, std=0.3)
 
 
 # ---------------------------------------------------------------------------- sink metrics
@@ -135,9 +138,10 @@ def test_power_iteration_finds_the_operator_norm_of_a_fixed_ssog_mixer():
     assert exact <= mixer_lipschitz_bound(mixer, grid) * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("family", ["vit", "odevit"])
-def test_fixed_ssog_estimates_never_exceed_the_bound(family):
-    model = small_model("ssog", family, 2)
+@pytest.mark.parametrize("family,options", [("vit", {}), ("odevit", {}), ("odevit", {"time_kernels": True})])
+def test_fixed_ssog_estimates_never_exceed_the_bound(family, options):
+    """The bound and the estimates take each call's kernels: with ``time_kernels``, those at its t."""
+    model = small_model("ssog", family, 2, **options)
     if family == "odevit":
         open_field_gates(model)
     result = lipschitz_analysis(model, noise(2), scales=(1, 10, 1000), iters=8)
@@ -228,6 +232,30 @@ def test_field_branches_are_the_gated_mixer_and_mlp_at_each_euler_time(op):
     assert result["mean"]["mlp"] == pytest.approx(sum(e["mlp"] for e in steps) / 4)
     share = result["mean"]["mlp"] / (result["mean"]["mixer"] + result["mean"]["mlp"])
     assert result["mlp_share"] == pytest.approx(share) and 0 < share < 1
+
+
+def test_field_branches_follow_the_kernels_along_the_flow():
+    """``kernel_reach`` (SSoG only) is the mixture's RMS reach at each evaluation's t: constant
+    with fixed kernels, moving with ``time_kernels``; the sinks analysis reads the moved maps."""
+    fixed, moving = small_model("ssog", "odevit", 4), small_model("ssog", "odevit", 4, time_kernels=True)
+    for model in (fixed, moving):
+        open_field_gates(model)
+    reach = {}
+    for name, model in (("fixed", fixed), ("moving", moving)):
+        steps = field_branches(model, noise())["evaluations"]
+        reach[name] = [e["kernel_reach"] for e in steps]
+        for e in steps:
+            mu, sigma, weight = (p.double() for p in model.field.kernels_at(torch.tensor(e["t"])))
+            by_head = (weight * (mu.square() + sigma.square()).sum(-1)).sum(-1).sqrt()
+            assert e["kernel_reach_by_head"] == pytest.approx(by_head.tolist())
+    assert max(reach["fixed"]) - min(reach["fixed"]) < 1e-12
+    assert max(reach["moving"]) - min(reach["moving"]) > 1e-3
+    assert "kernel_reach" not in field_branches(small_model("mha", "odevit", 2), noise())["evaluations"][0]
+    maps = {}
+    for name, model in (("fixed", fixed), ("moving", moving)):
+        maps[name] = sink_diagnostics(model, [noise()])["per_layer"]
+    assert maps["fixed"][0]["sink_score"] == pytest.approx(maps["fixed"][1]["sink_score"])
+    assert maps["moving"][0]["sink_score"] != pytest.approx(maps["moving"][1]["sink_score"])
 
 
 def test_a_fresh_field_has_shut_gates_and_no_mlp_share():

@@ -430,9 +430,13 @@ def test_time_kernels_start_as_the_fixed_kernels_and_move_them_with_t():
     assert moving.field.kernel_modulation[1].weight.grad.abs().sum() > 0
 
 
-def test_time_kernels_need_ssogs_kernels():
+def test_time_kernels_need_ssogs_fixed_kernels():
     with pytest.raises(ValueError, match="time_kernels moves SSoG's kernels with t, and op 'mha' has none"):
         timm.create_model("mha_odevit_micro_patch1_8", time_kernels=True)
+    with pytest.raises(ValueError, match=r"steers them by the tokens \(steer=\['mu'\]\): use one or the other"):
+        timm.create_model("ssog_odevit_micro_patch1_8", time_kernels=True, steer=("mu",))
+    with pytest.raises(ValueError, match="kernels_at gives an SSoG mixture; this field mixes with MultiHeadAttention"):
+        timm.create_model("mha_odevit_micro_patch1_8").field.kernels_at(torch.tensor(0.0))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

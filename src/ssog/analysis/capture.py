@@ -3,12 +3,13 @@
 The models always call their mixers positionally as ``attn(x, grid_size)``, once per block,
 loop iteration or vector-field evaluation, so a forward hook on each
 :class:`~ssog.layers.SSoGAttention` / :class:`~ssog.layers.MultiHeadAttention` module sees
-every application in execution order, whatever the family.
+every application in execution order, whatever the family. A continuous field with
+``time_kernels`` also passes each call its ``kernel_offset``, which the callbacks receive.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from torch import Tensor, nn
 
@@ -16,8 +17,9 @@ from ..layers import named_mixers
 
 __all__ = ["on_final_norm_input", "on_mixer_calls"]
 
-#: ``callback(module_name, module, x, grid_size)`` with the mixer's input ``x (B, T, D)``.
-MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int]], None]
+#: ``callback(module_name, module, x, grid_size, kernel_offset)`` with the mixer's input ``x (B, T, D)``
+#: and the call's ``kernel_offset`` (``None`` unless the kernels move with ``t``).
+MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int], "Tensor | None"], None]
 
 
 @contextmanager
@@ -30,17 +32,17 @@ def on_mixer_calls(model: nn.Module, callback: MixerCallback) -> Iterator[None]:
         )
 
     def make_hook(name: str):
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Tensor) -> None:
             if len(args) != 2:
                 raise ValueError(
                     f"mixer {name} was called with {len(args)} positional arguments; the analysis "
                     "hooks need attn(x, grid_size)"
                 )
-            callback(name, module, args[0], tuple(args[1]))
+            callback(name, module, args[0], tuple(args[1]), kwargs.get("kernel_offset"))
 
         return hook
 
-    handles = [module.register_forward_hook(make_hook(name)) for name, module in mixers]
+    handles = [module.register_forward_hook(make_hook(name), with_kwargs=True) for name, module in mixers]
     try:
         yield
     finally:

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..layers import SSoGAttention
 from ..models.odevit import VectorField, timestep_embedding
+from .kernels import mixture_reach
 
 __all__ = ["field_branches", "token_rms"]
 
@@ -33,7 +35,10 @@ def field_branches(model: nn.Module, images: Tensor) -> dict[str, Any]:
     channels, ``mixer``/``mlp`` the :func:`token_rms` of ``g_a * Op(...)`` and
     ``g_m * MLP(...)``, ``field`` that of ``f(t, x)`` and ``state`` that of ``x``; and their
     means over the evaluations, with ``mlp_share`` = mean ``mlp`` / (mean ``mixer`` + mean
-    ``mlp``). Raises ``ValueError`` for a model without a :class:`VectorField`.
+    ``mlp``). With a fixed SSoG mixer each evaluation also has ``kernel_reach``, the mean over heads
+    of :func:`~ssog.analysis.kernels.mixture_reach` (tokens) at its ``t``, and ``kernel_reach_by_head``:
+    constant along the flow unless the field has ``time_kernels``. Raises ``ValueError`` for a
+    model without a :class:`VectorField`.
     """
     field = getattr(model, "field", None)
     if not isinstance(field, VectorField):
@@ -42,7 +47,8 @@ def field_branches(model: nn.Module, images: Tensor) -> dict[str, Any]:
             "(ODE-ViT) family"
         )
     outputs: dict[str, Tensor] = {}
-    evaluations: list[dict[str, float]] = []
+    evaluations: list[dict[str, Any]] = []
+    fixed_kernels = isinstance(field.attn, SSoGAttention) and not field.attn.steer
 
     def on_field(module: VectorField, args: tuple[Any, ...], out: Tensor) -> None:
         t, x = args[:2]  # (t, x, grid_size[, prepared])
@@ -57,6 +63,9 @@ def field_branches(model: nn.Module, images: Tensor) -> dict[str, Any]:
             "field": token_rms(out),
             "state": token_rms(x),
         })
+        if fixed_kernels:
+            reach = mixture_reach(*(p.double() for p in module.kernels_at(t)))
+            evaluations[-1].update(kernel_reach=float(reach.mean()), kernel_reach_by_head=reach.tolist())
 
     handles = [
         field.attn.register_forward_hook(lambda m, a, out: outputs.__setitem__("mixer", out)),

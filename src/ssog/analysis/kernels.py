@@ -15,7 +15,14 @@ from torch import Tensor, nn
 from ..layers import SSoGAttention, named_mixers
 from ..ops import fixed_axis_kernels
 
-__all__ = ["kernel_maps", "kernel_statistics", "mixer_kernel_statistics", "ssog_modules"]
+__all__ = ["kernel_maps", "kernel_statistics", "mixer_kernel_statistics", "mixture_reach", "ssog_modules"]
+
+
+def mixture_reach(mu: Tensor, sigma: Tensor, weight: Tensor) -> Tensor:
+    """How far each head reads: the root-mean-square distance from the query of its 2-D mixture,
+    ``sqrt(sum_r w_r (|mu_r|^2 + |sigma_r|^2))``, in tokens, ``(H,)``, from ``mu, sigma (H, R, 2)``
+    and ``weight (H, R)`` (the untruncated Gaussians: on a small grid the borders cut it short)."""
+    return (weight * (mu.square() + sigma.square()).sum(dim=-1)).sum(dim=-1).sqrt()
 
 
 def ssog_modules(model: nn.Module) -> list[tuple[str, SSoGAttention]]:

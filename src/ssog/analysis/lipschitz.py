@@ -49,15 +49,18 @@ def spectral_norm(matrix: Tensor) -> float:
     return float(torch.linalg.matrix_norm(matrix.detach().double(), ord=2).max())
 
 
-def mixer_lipschitz_bound(mixer: nn.Module, grid_size: tuple[int, int]) -> float | None:
-    """Global Lipschitz bound of a fixed SSoG mixer on a ``grid_size`` grid; ``None`` for
-    mixers without one (MHA, steered SSoG)."""
+def mixer_lipschitz_bound(
+    mixer: nn.Module, grid_size: tuple[int, int], kernel_offset: Tensor | None = None,
+) -> float | None:
+    """Global Lipschitz bound of a fixed SSoG mixer on a ``grid_size`` grid, its kernels moved by
+    ``kernel_offset`` if given (:meth:`~ssog.layers.SSoGAttention.forward`); ``None`` for mixers
+    without one (MHA, steered SSoG)."""
     if not isinstance(mixer, SSoGAttention) or mixer.steer:
         return None
     tokens = mixer.num_prefix_tokens + grid_size[0] * grid_size[1]
     probe = mixer.v.weight.new_zeros(1, tokens, mixer.dim)  # the map of a fixed mixer ignores x
     with torch.no_grad():
-        maps = mixer.attention_matrix(probe, grid_size)[0]  # (H, T, T)
+        maps = mixer.attention_matrix(probe, grid_size, kernel_offset)[0]  # (H, T, T)
     return spectral_norm(mixer.proj.weight) * spectral_norm(maps) * spectral_norm(mixer.v.weight)
 
 
@@ -80,18 +83,21 @@ def mlp_lipschitz_bound(mlp: nn.Module) -> float | None:
 
 def field_lipschitz_bound(field: VectorField, t: Tensor | float, grid_size: tuple[int, int]) -> float | None:
     """Lipschitz bound in ``x`` of ``field(t, .)`` on a ``grid_size`` grid (``None`` unless
-    the field uses CenterNorm and fixed SSoG). ``t``: the time the field is called with."""
+    the field uses CenterNorm and fixed SSoG). ``t``: the time the field is called with (with
+    ``time_kernels``, also the time of the kernels the bound takes)."""
     if not isinstance(field.norm, CenterNorm):
-        return None
-    op, mlp = mixer_lipschitz_bound(field.attn, grid_size), mlp_lipschitz_bound(field.mlp)
-    if op is None or mlp is None:
         return None
     modulation = field.adaLN_modulation[-1]
     assert isinstance(modulation, nn.Linear)
     weight = modulation.weight
+    t = torch.as_tensor(t, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        offset = field.kernel_offset(t)
+    op, mlp = mixer_lipschitz_bound(field.attn, grid_size, offset), mlp_lipschitz_bound(field.mlp)
+    if op is None or mlp is None:
+        return None
     with torch.no_grad():
         # The modulation exactly as the field computes it at t (same embedding precision).
-        t = torch.as_tensor(t, dtype=weight.dtype, device=weight.device)
         c = timestep_embedding(t, field.dim).to(weight.dtype).unsqueeze(0)
         s_a, _, g_a, s_m, _, g_m = field.adaLN_modulation(c).chunk(6, dim=-1)
     attn_branch = float(g_a.abs().max()) * op * float((1 + s_a).abs().max())
@@ -159,11 +165,13 @@ def lipschitz_analysis(
         raise ValueError(f"scales must be positive numbers, got {scales}")
     model = copy.deepcopy(model).eval().to(dtype).requires_grad_(False)  # no graphs through weights
     images = images.to(dtype)
-    mixer_points: dict[str, tuple[nn.Module, Tensor, tuple[int, int]]] = {}
+    mixer_points: dict[str, tuple[nn.Module, Tensor, tuple[int, int], Tensor | None]] = {}
     field_points: list[tuple[Tensor, Tensor, tuple[int, int]]] = []
 
-    def on_mixer(name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int]) -> None:
-        mixer_points.setdefault(name, (module, x.detach(), grid_size))
+    def on_mixer(
+        name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int], kernel_offset: Tensor | None,
+    ) -> None:
+        mixer_points.setdefault(name, (module, x.detach(), grid_size, kernel_offset))
 
     field = getattr(model, "field", None)
     hooks = []
@@ -190,9 +198,10 @@ def lipschitz_analysis(
         return norms.view(len(scales), -1).amax(dim=1).tolist()
 
     mixers = []
-    for name, (module, x, grid_size) in mixer_points.items():
-        curve = _curve(mixer_lipschitz_bound(module, grid_size),
-                       estimates(functools.partial(module, grid_size=grid_size), x))
+    for name, (module, x, grid_size, offset) in mixer_points.items():
+        moved = {} if offset is None else {"kernel_offset": offset}
+        curve = _curve(mixer_lipschitz_bound(module, grid_size, offset),
+                       estimates(functools.partial(module, grid_size=grid_size, **moved), x))
         mixers.append({"module": name, **curve})
     steps = []
     for step, (t, x, grid_size) in enumerate(field_points):

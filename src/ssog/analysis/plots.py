@@ -61,12 +61,14 @@ def plot_lipschitz(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """The continuous field's branches along the flow, one colour per model: left, the size
-    of each gated branch (solid: token mixer, dashed: MLP); right, the mean |gate| of each.
+    of each gated branch (solid: token mixer, dashed: MLP); middle, the mean |gate| of each;
+    right, with any SSoG model, its kernels' reach (mean over heads).
 
     ``results``: :func:`ssog.analysis.field.field_branches` outputs, each with a ``label``.
     """
-    fig = Figure(figsize=(11, 4.2 + 0.2 * len(results)))
-    sizes, gates = fig.subplots(1, 2)
+    with_reach = any("kernel_reach" in e for r in results for e in r["evaluations"])
+    fig = Figure(figsize=(16 if with_reach else 11, 4.2 + 0.2 * len(results)))
+    sizes, gates, *reach = fig.subplots(1, 3 if with_reach else 2)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, result in enumerate(results):
         color, steps = colors[i % len(colors)], result["evaluations"]
@@ -74,9 +76,13 @@ def plot_field(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
         for ax, (mixer, mlp) in ((sizes, ("mixer", "mlp")), (gates, ("gate_mixer", "gate_mlp"))):
             ax.plot(times, [e[mixer] for e in steps], "-o", color=color, ms=3, label=f"{result['label']} mixer")
             ax.plot(times, [e[mlp] for e in steps], "--s", color=color, ms=3, label=f"{result['label']} MLP")
+        if reach and "kernel_reach" in steps[0]:
+            reach[0].plot(times, [e["kernel_reach"] for e in steps], "-o", color=color, ms=3)
     sizes.set(xlabel="t", ylabel="RMS of the gated branch per token", title="branch sizes along the flow")
     gates.set(xlabel="t", ylabel="mean |gate| over channels", title="adaLN-Zero gates")
-    for ax in (sizes, gates):
+    if reach:
+        reach[0].set(xlabel="t", ylabel="RMS distance read, tokens (mean over heads)", title="SSoG kernels' reach")
+    for ax in (sizes, gates, *reach):
         ax.grid(True, alpha=0.3)
     fig.legend(*sizes.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7)
     fig.tight_layout(rect=(0, 0.03 + 0.035 * len(results), 1, 1))  # room for the legend below

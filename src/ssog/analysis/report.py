@@ -119,13 +119,23 @@ def kernels_rows(results: Sequence[dict[str, Any]]) -> Rows:
 def field_table(results: Sequence[dict[str, Any]]) -> str:
     """One row per model: the continuous field's branches, means over its evaluations."""
     header = ["model", "setting", "evaluations", "|gate| mixer", "|gate| MLP", "mixer RMS", "MLP RMS",
-              "MLP share", "state RMS"]
+              "MLP share", "state RMS", "kernel reach"]
     rows = [[
         _label(r), _setting(r), str(len(r["evaluations"])), _number(r["mean"]["gate_mixer"]),
         _number(r["mean"]["gate_mlp"]), _number(r["mean"]["mixer"]), _number(r["mean"]["mlp"]),
-        "-" if r["mlp_share"] is None else f"{r['mlp_share']:.2f}", _number(r["mean"]["state"]),
+        "-" if r["mlp_share"] is None else f"{r['mlp_share']:.2f}", _number(r["mean"]["state"]), _reach(r),
     ] for r in results]
     return _table(header, rows)
+
+
+def _reach(result: dict[str, Any]) -> str:
+    """The field's kernel reach (tokens) along the flow: one number, or first -> last when it moves."""
+    reach = [e["kernel_reach"] for e in result["evaluations"] if "kernel_reach" in e]
+    if not reach:
+        return "-"
+    if max(reach) - min(reach) < 5e-4:
+        return _number(reach[0])
+    return f"{_number(reach[0])} -> {_number(reach[-1])}"
 
 
 def steering_rows(results: Sequence[dict[str, Any]]) -> Rows:

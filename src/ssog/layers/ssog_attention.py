@@ -534,13 +534,16 @@ class SSoGAttention(nn.Module):
         self._tables_cache = None
         return super().train(mode)
 
-    def attention_matrix(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
+    def attention_matrix(
+        self, x: Tensor, grid_size: tuple[int, int] | None = None, kernel_offset: Tensor | None = None,
+    ) -> Tensor:
         """The row-stochastic mixing matrix ``(B, H, P+N, P+N)`` this layer applies to ``x``
-        (before attention dropout), on the grid of :meth:`token_grid`."""
+        (before attention dropout), on the grid of :meth:`token_grid`, with the kernels moved by
+        ``kernel_offset`` (see :meth:`forward`) if given."""
         grid_size = self.token_grid(x, grid_size)
         batch, tokens, _ = check_tokens(x, grid_size, self.num_prefix_tokens, self.dim)
         prefix = self.num_prefix_tokens
-        mu, sigma, weight = self.mixture(x[:, prefix:])
+        mu, sigma, weight = self.mixture(x[:, prefix:], kernel_offset)
         patch_block = ssog_matrix(mu, sigma, weight, grid_size)
         if patch_block.dim() == 3:
             patch_block = patch_block.expand(batch, -1, -1, -1)

@@ -132,6 +132,11 @@ class VectorField(nn.Module):
                     f"time_kernels moves SSoG's kernels with t, and op {op!r} has none: use op='ssog' or "
                     "time_kernels=False"
                 )
+            if self.attn.steer:
+                raise ValueError(
+                    "time_kernels moves SSoG's fixed kernels with t, and this mixer steers them by the tokens "
+                    f"(steer={list(self.attn.steer)}): use one or the other"
+                )
             offsets = self.attn.num_heads * self.attn.num_atoms * KERNEL_OFFSET_SIZE
             self.kernel_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, offsets, **dd))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -150,6 +155,31 @@ class VectorField(nn.Module):
         """Whether the mixer's kernels move with ``t`` (the constructor's ``time_kernels``)."""
         return self.kernel_modulation is not None
 
+    def _kernel_offset(self, embedding: Tensor) -> Tensor | None:
+        """The kernels' offsets ``(H, R, 5)`` at the time embedded as ``embedding (1, D)`` with
+        ``time_kernels``, else ``None``."""
+        if self.kernel_modulation is None:
+            return None
+        return self.kernel_modulation(embedding).view(self.attn.num_heads, self.attn.num_atoms, KERNEL_OFFSET_SIZE)
+
+    def kernel_offset(self, t: Tensor) -> Tensor | None:
+        """What ``time_kernels`` adds to the mixer's kernel parameters at time ``t`` (a scalar
+        tensor): ``(H, R, 5)`` (:meth:`SSoGAttention.forward`'s ``kernel_offset``), else ``None``."""
+        if self.kernel_modulation is None:
+            return None
+        dtype = next(self.kernel_modulation.parameters()).dtype
+        return self._kernel_offset(timestep_embedding(t, self.dim).to(dtype).unsqueeze(0))
+
+    def kernels_at(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The SSoG mixer's Gaussian mixture at time ``t`` (a scalar tensor): ``mu, sigma (H, R, 2)``
+        in tokens and ``weight (H, R)``; the same at every ``t`` without ``time_kernels``.
+        Raises ``ValueError`` for an MHA field or a steered mixer (whose mixture follows the tokens)."""
+        if not isinstance(self.attn, SSoGAttention):
+            raise ValueError(f"kernels_at gives an SSoG mixture; this field mixes with {type(self.attn).__name__}")
+        if self.attn.steer:
+            raise ValueError("kernels_at gives a fixed SSoG mixture; this field's is steered by the tokens")
+        return self.attn.mixture(kernel_offset=self.kernel_offset(t))
+
     def prepare(self, grid_size: tuple[int, int]) -> Any:
         """What the mixer computes once per integration (its ``prepare``), or ``None`` with
         ``time_kernels``, whose kernels are built at each evaluation."""
@@ -165,8 +195,8 @@ class VectorField(nn.Module):
         s_a, b_a, g_a, s_m, b_m, g_m = self.adaLN_modulation(c).chunk(6, dim=-1)
         h = self.norm(x)
         mixer_input = h * (1 + s_a) + b_a
-        if self.kernel_modulation is not None:
-            offset = self.kernel_modulation(c).view(self.attn.num_heads, self.attn.num_atoms, KERNEL_OFFSET_SIZE)
+        offset = self._kernel_offset(c)
+        if offset is not None:
             attn = g_a * self.attn(mixer_input, grid_size, kernel_offset=offset)
         else:
             attn = g_a * self.attn(mixer_input, grid_size, prepared=prepared)
