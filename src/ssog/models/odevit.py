@@ -88,7 +88,7 @@ class VectorField(nn.Module):
     (before the softplus) and the mixture logits of every head and atom
     (:meth:`SSoGAttention.forward`'s ``kernel_offset``). Attention's field changes its mixing
     with ``t`` through the modulated queries and keys; a fixed kernel cannot, and this gives it
-    the way to, at ``D*H*R*5`` parameters and one build of the 1-D kernels per evaluation.
+    the way to, at ``(D + 1) * H*R*5`` parameters and one build of the 1-D kernels per evaluation.
 
     Call ``field(t, x, (Hg, Wg))`` with a scalar tensor ``t`` and tokens ``x (B, P + Hg*Wg, D)``
     on a token grid of ``Hg x Wg``; ``field.nfe`` counts the calls.
