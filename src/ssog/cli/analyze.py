@@ -107,8 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     field = commands.add_parser(
         "field", help="the continuous (ODE-ViT) vector field's gated branches along the flow",
         description="For each vector-field evaluation of one forward pass: the mean |gate| of the token mixer "
-                    "and the MLP and the size (RMS per token) of each gated branch and of the state. "
-                    "Writes field.json and field.png.",
+                    "and the MLP and the size (RMS per token) of each gated branch and of the state; with SSoG, "
+                    "how far its kernels reach (tokens) at that time. Writes field.json and field.png.",
     )
     _common(field)
     _data(field, 256)
