@@ -8,13 +8,25 @@
 # and console output), remade every 15 s, so a run cut off at DEADLINE_S (seconds from the
 # start; the runs still going are then stopped) leaves what it had done. EXTRA (words) is added
 # to every command, e.g. EXTRA="--device cpu --max-steps 2" for a rehearsal without a GPU.
+# QUEUE=FILE (no VARIANTs): the queue's CIFAR-100 lines (queue.txt's "COMMIT cifar100.yaml
+# VARIANT[+TAG] PAGE [ARGS...]") whose run is not archived under docs/results/PAGE/runs/, each
+# with its ARGS, from this tree (not the line's commit: say so where the runs are archived).
 # Archive each finished run under docs/results/cifar100/runs/VARIANT (VARIANT+gpu where the same
 # variant also ran on a CPU).
 set -u
 tarball=$1; out=$2; deadline=$3; shift 3
-variants=("$@")
-[[ ${#variants[@]} -gt 0 ]] || variants=(vit_mha_w192_lr1e-3 sweep_vit_mha_w192_lr5e-4
-    sweep_vit_ssog_w192_lr8e-3 sweep_vit_ssog_w192_lr1.6e-2)
+runs=()  # "NAME|ARGS": NAME is VARIANT[+TAG], its run folder
+if [[ -n ${QUEUE:-} ]]; then
+    while read -r commit config variant page extra; do
+        [[ -z $commit || $commit == \#* || $config != cifar100.yaml ]] && continue
+        [[ -f docs/results/$page/runs/$variant/summary.json ]] || runs+=("$variant|$extra")
+    done < "$QUEUE"
+else
+    (( $# )) || set -- vit_mha_w192_lr1e-3 sweep_vit_mha_w192_lr5e-4 sweep_vit_ssog_w192_lr8e-3 \
+        sweep_vit_ssog_w192_lr1.6e-2
+    for variant in "$@"; do runs+=("$variant|"); done
+fi
+(( ${#runs[@]} )) || { echo "nothing to run"; exit 0; }
 python=${PYTHON:-python3}
 start=$(date +%s)
 work=$(mktemp -d)
@@ -37,12 +49,13 @@ else
 fi
 
 pids=()
-for variant in "${variants[@]}"; do
-    # shellcheck disable=SC2086  # EXTRA is words
+for run in "${runs[@]}"; do
+    name=${run%%|*}; args=${run#*|}
+    # shellcheck disable=SC2086  # ARGS and EXTRA are words
     OMP_NUM_THREADS=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 "$python" -m ssog train \
-        --config configs/cifar100.yaml --variant "$variant" --data-dir "$work/data/cifar100" \
-        --output "$work/runs/$variant" --device cuda --threads 1 --no-progress ${EXTRA:-} \
-        > "$work/runs/$variant.out" 2>&1 &
+        --config configs/cifar100.yaml --variant "${name%%+*}" --data-dir "$work/data/cifar100" \
+        --output "$work/runs/$name" --device cuda --threads 1 --no-progress $args ${EXTRA:-} \
+        > "$work/runs/$name.out" 2>&1 &
     pids+=($!)
 done
 
@@ -62,4 +75,4 @@ for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
 wait
 echo quit | nvidia-cuda-mps-control 2>/dev/null
 pack
-echo "$(( $(date +%s) - start )) s; finished: $(cd "$work/runs" && ls -d ./*/summary.json 2>/dev/null | wc -l) of ${#variants[@]}"
+echo "$(( $(date +%s) - start )) s; finished: $(cd "$work/runs" && ls -d ./*/summary.json 2>/dev/null | wc -l) of ${#runs[@]}"
