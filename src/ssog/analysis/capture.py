@@ -4,7 +4,8 @@ The models always call their mixers positionally as ``attn(x, grid_size)``, once
 loop iteration or vector-field evaluation, so a forward hook on each
 :class:`~ssog.layers.SSoGAttention` / :class:`~ssog.layers.MultiHeadAttention` module sees
 every application in execution order, whatever the family. A continuous field with
-``time_kernels`` also passes each call its ``kernel_offset``, which the callbacks receive.
+``time_kernels`` also passes each call a ``kernel_offset``: the callbacks receive it among the
+call's mixing options, to pass on to ``attention_matrix`` or the mixer.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from ..layers import named_mixers
 
 __all__ = ["on_final_norm_input", "on_mixer_calls"]
 
-#: ``callback(module_name, module, x, grid_size, kernel_offset)`` with the mixer's input ``x (B, T, D)``
-#: and the call's ``kernel_offset`` (``None`` unless the kernels move with ``t``).
-MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int], "Tensor | None"], None]
+#: Keyword arguments of a mixer call that change what it mixes with (not ``prepared``, which
+#: only saves work), given to the callbacks as ``options``.
+MIXING_OPTIONS = ("kernel_offset",)
+#: ``callback(module_name, module, x, grid_size, options)`` with the mixer's input ``x (B, T, D)``
+#: and the call's :data:`MIXING_OPTIONS` (``{}`` unless the kernels move with ``t``).
+MixerCallback = Callable[[str, nn.Module, Tensor, tuple[int, int], dict[str, Any]], None]
 
 
 @contextmanager
@@ -38,7 +42,8 @@ def on_mixer_calls(model: nn.Module, callback: MixerCallback) -> Iterator[None]:
                     f"mixer {name} was called with {len(args)} positional arguments; the analysis "
                     "hooks need attn(x, grid_size)"
                 )
-            callback(name, module, args[0], tuple(args[1]), kwargs.get("kernel_offset"))
+            options = {key: kwargs[key] for key in MIXING_OPTIONS if kwargs.get(key) is not None}
+            callback(name, module, args[0], tuple(args[1]), options)
 
         return hook
 

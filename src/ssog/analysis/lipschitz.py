@@ -165,13 +165,11 @@ def lipschitz_analysis(
         raise ValueError(f"scales must be positive numbers, got {scales}")
     model = copy.deepcopy(model).eval().to(dtype).requires_grad_(False)  # no graphs through weights
     images = images.to(dtype)
-    mixer_points: dict[str, tuple[nn.Module, Tensor, tuple[int, int], Tensor | None]] = {}
+    mixer_points: dict[str, tuple[nn.Module, Tensor, tuple[int, int], dict[str, Any]]] = {}
     field_points: list[tuple[Tensor, Tensor, tuple[int, int]]] = []
 
-    def on_mixer(
-        name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int], kernel_offset: Tensor | None,
-    ) -> None:
-        mixer_points.setdefault(name, (module, x.detach(), grid_size, kernel_offset))
+    def on_mixer(name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int], options: dict) -> None:
+        mixer_points.setdefault(name, (module, x.detach(), grid_size, options))
 
     field = getattr(model, "field", None)
     hooks = []
@@ -198,10 +196,9 @@ def lipschitz_analysis(
         return norms.view(len(scales), -1).amax(dim=1).tolist()
 
     mixers = []
-    for name, (module, x, grid_size, offset) in mixer_points.items():
-        moved = {} if offset is None else {"kernel_offset": offset}
-        curve = _curve(mixer_lipschitz_bound(module, grid_size, offset),
-                       estimates(functools.partial(module, grid_size=grid_size, **moved), x))
+    for name, (module, x, grid_size, options) in mixer_points.items():
+        curve = _curve(mixer_lipschitz_bound(module, grid_size, options.get("kernel_offset")),
+                       estimates(functools.partial(module, grid_size=grid_size, **options), x))
         mixers.append({"module": name, **curve})
     steps = []
     for step, (t, x, grid_size) in enumerate(field_points):

@@ -211,12 +211,9 @@ def sink_diagnostics(
     model.eval()
     acc = SinkAccumulator(getattr(model, "num_prefix_tokens", 0), high_norm_factor)
 
-    def on_mixer(
-        name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int], kernel_offset: Tensor | None,
-    ) -> None:
+    def on_mixer(name: str, module: nn.Module, x: Tensor, grid_size: tuple[int, int], options: dict) -> None:
         mixer: Any = module  # SSoGAttention or MultiHeadAttention
-        offset = {} if kernel_offset is None else {"kernel_offset": kernel_offset}
-        acc.add_map(name, mixer.attention_matrix(x, grid_size, **offset), mixer.num_prefix_tokens)
+        acc.add_map(name, mixer.attention_matrix(x, grid_size, **options), mixer.num_prefix_tokens)
 
     vit: Any = model  # a ViT with forward_features
     with on_mixer_calls(model, on_mixer), on_final_norm_input(model, acc.add_final_tokens):

@@ -63,8 +63,8 @@ def steering_moves(model: nn.Module, images: Tensor) -> dict[str, Any]:
     sums: dict[str, dict[str, Tensor]] = {}
     counts = dict.fromkeys(steered, 0)
 
-    def on_call(name: str, _: nn.Module, x: Tensor, grid_size: tuple[int, int], __: Tensor | None) -> None:
-        # (no kernel offset: the continuous field refuses time_kernels with a steered mixer)
+    def on_call(name: str, _: nn.Module, x: Tensor, grid_size: tuple[int, int], __: dict) -> None:
+        # (no mixing options: the continuous field refuses time_kernels with a steered mixer)
         if name not in steered:
             return
         mixer = steered[name]
