@@ -9,8 +9,9 @@
 # start; the runs still going are then stopped) leaves what it had done. EXTRA (words) is added
 # to every command, e.g. EXTRA="--device cpu --max-steps 2" for a rehearsal without a GPU.
 # QUEUE=FILE (no VARIANTs): the queue's CIFAR-100 lines (queue.txt's "COMMIT cifar100.yaml
-# VARIANT[+TAG] PAGE [ARGS...]") whose run is not archived under docs/results/PAGE/runs/, each
-# with its ARGS, from this tree (not the line's commit: say so where the runs are archived).
+# VARIANT[+TAG] PAGE [ARGS...]") whose run is not archived under RESULTS/PAGE/runs/ (RESULTS:
+# docs/results unless set), each with its ARGS, from this tree (not the line's commit: say so
+# where the runs are archived).
 # Archive each finished run under docs/results/cifar100/runs/VARIANT (VARIANT+gpu where the same
 # variant also ran on a CPU).
 set -u
@@ -19,7 +20,7 @@ runs=()  # "NAME|ARGS": NAME is VARIANT[+TAG], its run folder
 if [[ -n ${QUEUE:-} ]]; then
     while read -r commit config variant page extra; do
         [[ -z $commit || $commit == \#* || $config != cifar100.yaml ]] && continue
-        [[ -f docs/results/$page/runs/$variant/summary.json ]] || runs+=("$variant|$extra")
+        [[ -f ${RESULTS:-docs/results}/$page/runs/$variant/summary.json ]] || runs+=("$variant|$extra")
     done < "$QUEUE"
 else
     (( $# )) || set -- vit_mha_w192_lr1e-3 sweep_vit_mha_w192_lr5e-4 sweep_vit_ssog_w192_lr8e-3 \
