@@ -203,6 +203,28 @@ def test_kernel_statistics_and_maps_follow_the_parameters():
     assert divmod(int(maps[1].argmax()), 8) == (5, 6)  # query + mu
 
 
+def test_kernels_that_move_with_t_are_shown_along_the_flow(tmp_path):
+    """With ``time_kernels`` the statistics and maps are the mixture at t = 0, 1/2 and 1 (what the
+    field uses there), not the unmoved parameters; a fixed field's mixer is listed once."""
+    model = small_model("ssog", "odevit", 4, time_kernels=True)
+    open_field_gates(model)
+    mixers = kernel_statistics(model)["mixers"]
+    assert [m["module"] for m in mixers] == ["field.attn@t=0.00", "field.attn@t=0.50", "field.attn@t=1.00"]
+    for stats in mixers:
+        t = torch.tensor(float(stats["module"].rpartition("=")[2]))
+        mu, sigma, weight = model.field.kernels_at(t)
+        for key, value in (("mu", mu), ("sigma", sigma), ("weight", weight)):
+            assert torch.allclose(torch.tensor(stats[key], dtype=torch.float64), value.double(), atol=1e-6)
+    assert not torch.allclose(torch.tensor(mixers[0]["mu"]), torch.tensor(mixers[2]["mu"]))
+    offset = model.field.kernel_offset(torch.tensor(1.0))
+    moved = kernel_maps(model.field.attn, (8, 8), kernel_offset=offset)
+    assert not torch.allclose(moved, kernel_maps(model.field.attn, (8, 8)))
+    assert torch.allclose(moved.sum(dim=(1, 2)), torch.ones(2, dtype=moved.dtype))
+    assert [m["module"] for m in kernel_statistics(small_model("ssog", "odevit", 4))["mixers"]] == ["field.attn"]
+    from ssog.analysis.plots import plot_kernels
+    assert plot_kernels(model, tmp_path / "kernels.png").stat().st_size > 0
+
+
 def test_kernels_need_an_ssog_model():
     with pytest.raises(ValueError, match="no SSoGAttention"):
         kernel_statistics(small_model("mha", "vit", 1))

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from ..files import save_figure
-from .kernels import kernel_maps, ssog_modules
+from .kernels import kernel_maps, kernel_snapshots
 from .steering import MOVE_LABELS
 
 __all__ = ["plot_field", "plot_kernels", "plot_lipschitz", "plot_steering", "TARGETS"]
@@ -122,17 +122,18 @@ def plot_steering(results: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 def plot_kernels(model: nn.Module, path: str | Path, title: str = "") -> Path:
     """One row per SSoG mixer, one column per head: the mixing weights from the central
-    query of the model's token grid, with each atom's centre marked (size ~ its weight)."""
+    query of the model's token grid, with each atom's centre marked (size ~ its weight); a
+    mixer whose kernels move with ``t`` has a row per time (:func:`kernel_snapshots`)."""
     patch_embed: Any = model.patch_embed  # timm's PatchEmbed
     grid = tuple(patch_embed.grid_size)
-    modules = ssog_modules(model)
-    heads = max(m.num_heads for _, m in modules)
-    fig = Figure(figsize=(1.7 * heads, 1.8 * len(modules) + 0.4))
-    axes = fig.subplots(len(modules), heads, squeeze=False)
+    snapshots = kernel_snapshots(model)
+    heads = max(m.num_heads for _, m, _ in snapshots)
+    fig = Figure(figsize=(1.7 * heads, 1.8 * len(snapshots) + 0.4))
+    axes = fig.subplots(len(snapshots), heads, squeeze=False)
     qy, qx = grid[0] // 2, grid[1] // 2
-    for row, (name, mixer) in zip(axes, modules):
-        maps = kernel_maps(mixer, grid, (qy, qx)).cpu()
-        params = {k: v.detach().cpu() for k, v in mixer.kernel_parameters().items()}
+    for row, (name, mixer, offset) in zip(axes, snapshots):
+        maps = kernel_maps(mixer, grid, (qy, qx), offset).cpu()
+        params = {k: v.detach().cpu() for k, v in mixer.kernel_parameters(offset).items()}
         for head, ax in enumerate(row):
             ax.set_xticks([])
             ax.set_yticks([])

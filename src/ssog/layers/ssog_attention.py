@@ -324,9 +324,11 @@ class SSoGAttention(nn.Module):
         """The gate logits ``alpha (H,)`` of the steered parameter ``name`` (``"mu"``, ``"sigma"``, ``"lambda"``)."""
         return self.steer_gate[STEER_KEYS[name]]
 
-    def kernel_parameters(self) -> dict[str, Tensor]:
-        """The fixed (unsteered) mixture: ``mu, sigma (H, R, 2)`` and ``weight (H, R)``."""
-        return {"mu": self.mu, "sigma": self.sigma(), "weight": self.weight()}
+    def kernel_parameters(self, kernel_offset: Tensor | None = None) -> dict[str, Tensor]:
+        """The fixed (unsteered) mixture: ``mu, sigma (H, R, 2)`` and ``weight (H, R)``, moved by
+        ``kernel_offset`` (see :meth:`forward`) if given."""
+        mu, rho, logits = self._offset_parameters(kernel_offset)
+        return {"mu": mu, "sigma": self.sigma_min + F.softplus(rho), "weight": logits.softmax(dim=-1)}
 
     def _offset_parameters(self, kernel_offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """``mu, rho (H, R, 2)`` and ``logits (H, R)``, moved by ``kernel_offset (H, R, 5)`` if given."""
