@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow  # seconds per test: torch.compile, ONNX and torch
 
 FAMILIES = ("vit", "loopvit", "odevit")
 SMALL = dict(embed_dim=16, num_heads=2)
+STEERED = dict(steer=("mu", "sigma", "lambda"), steer_gate_init=0.0)
 #: The mixers every export path must record: attention, fixed SSoG, steered SSoG (every part).
-MIXERS = {"mha": ("mha", {}), "fixed": ("ssog", {}),
-          "steered": ("ssog", dict(steer=("mu", "sigma", "lambda"), steer_gate_init=0.0))}
+MIXERS = {"mha": ("mha", {}), "fixed": ("ssog", {}), "steered": ("ssog", STEERED)}
 
 
 #: One block application per family (recording takes time in proportion to the graph).
@@ -43,11 +43,19 @@ ANY_SIZE = "tiny_patch4_32"
 OTHER_SIZES = ((16, 24), (48, 40))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("steer", [(), ("mu", "sigma", "lambda")], ids=["fixed", "steered"])
-def test_compile_fullgraph_equals_eager(family, steer):
+#: Every SSoG mixing a family offers: fixed, steered, and (continuous only) kernels that move with t.
+COMPILE_CASES = {f"{family}-{kind}": (family, options) for family in FAMILIES
+                 for kind, options in (("fixed", {}), ("steered", STEERED))}
+COMPILE_CASES["odevit-time_kernels"] = ("odevit", dict(time_kernels=True))
+
+
+@pytest.mark.parametrize(("family", "options"), COMPILE_CASES.values(), ids=COMPILE_CASES.keys())
+def test_compile_fullgraph_equals_eager(family, options):
     torch.manual_seed(0)
-    model = timm.create_model(f"ssog_{family}_micro_patch1_8", steer=steer, steer_gate_init=0.0, **SMALL)
+    model = timm.create_model(f"ssog_{family}_micro_patch1_8", **options, **SMALL)
+    with torch.no_grad():  # away from the zero-initialised gates and maps, so every branch carries a signal
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
     x = torch.randn(2, 1, 8, 8)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
