@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import SSoGAttention, named_mixers
+from ..models.odevit import VectorField
 from ..ops import fixed_axis_kernels
 
 __all__ = [
@@ -45,7 +46,7 @@ def kernel_snapshots(model: nn.Module) -> list[tuple[str, SSoGAttention, Tensor 
     snapshots: list[tuple[str, SSoGAttention, Tensor | None]] = []
     for name, mixer in ssog_modules(model):
         field = model.get_submodule(name.rpartition(".")[0])
-        if not getattr(field, "time_kernels", False):
+        if not (isinstance(field, VectorField) and field.time_kernels):
             snapshots.append((name, mixer, None))
             continue
         for t in (0.0, end_time / 2, end_time):
