@@ -3,8 +3,9 @@
 # whose run is neither finished (its summary archived under docs/results/PAGE/runs/, or in its
 # run folder) nor claimed by another worker, trains it from a checkout of COMMIT (made on first
 # use; a run folder that holds a checkpoint is resumed), copies its config, log and summary into
-# docs/results/PAGE/runs/VARIANT/, and takes the next. Idles while the queue has nothing; stops
-# when the file STOP exists in the runs folder.
+# docs/results/PAGE/runs/VARIANT/ (a 15-epoch row's weights, if small, into PAGE/weights/), and
+# takes the next. Idles while the queue has nothing; stops when the file STOP exists in the runs
+# folder.
 #   RUNS (default /work/runs43): run folders, queue.txt, claims; REPO (/work/main): the
 #   repository and its .venv; FROZEN (/work/frozen): the checkouts; DATA (/tmp/data): the data.
 set -u
@@ -13,10 +14,6 @@ PY=$REPO/.venv/bin/python
 cd "$RUNS" && mkdir -p claims "$FROZEN"
 
 archived() { [[ -f $REPO/docs/results/$2/runs/$1/summary.json ]]; }
-archive() {  # VARIANT PAGE: the finished run's record, beside its results page
-  local dest=$REPO/docs/results/$2/runs/$1
-  mkdir -p "$dest" && cp "$RUNS/$1/config.yaml" "$RUNS/$1/log.jsonl" "$RUNS/$1/summary.json" "$dest/"
-}
 checkout() {  # COMMIT -> the folder of a detached checkout of it, made once (a lock for two workers)
   local dir=$FROZEN/$1
   if [[ ! -d $dir ]]; then
@@ -26,13 +23,27 @@ checkout() {  # COMMIT -> the folder of a detached checkout of it, made once (a 
   fi
   echo "$dir"
 }
+release() {  # VARIANT PAGE COMMIT: a finished row's weights in timm's hub layout, under PAGE/weights/
+  # (a run folder does not outlive its machine). 5-epoch checks are not releases, and weights over
+  # 1 MiB in float32 stay out of git (tests/contract/test_released_weights.py).
+  local dest=$REPO/docs/results/$2/weights/${1//+/_} params
+  [[ $1 == sweep_* || -e $dest ]] && return 0
+  params=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["params"])' "$RUNS/$1/summary.json")
+  (( params * 4 <= 1048576 )) || return 0
+  (cd "$(checkout "$3")" && PYTHONPATH=$PWD/src $PY -m ssog export --checkpoint "$RUNS/$1" --format hf --output "$dest")
+}
+archive() {  # VARIANT PAGE COMMIT: the finished run's record (and release), beside its results page
+  local dest=$REPO/docs/results/$2/runs/$1
+  mkdir -p "$dest" && cp "$RUNS/$1/config.yaml" "$RUNS/$1/log.jsonl" "$RUNS/$1/summary.json" "$dest/"
+  release "$@"
+}
 
 while [[ ! -e STOP ]]; do
   picked=""
   while read -r commit config variant page extra; do
     [[ -z "$commit" || "$commit" == \#* ]] && continue
     archived "$variant" "$page" && continue
-    if [[ -f $RUNS/$variant/summary.json ]]; then archive "$variant" "$page"; continue; fi
+    if [[ -f $RUNS/$variant/summary.json ]]; then archive "$variant" "$page" "$commit"; continue; fi
     if mkdir "claims/$variant" 2>/dev/null; then picked="$commit|$config|$variant|$page|$extra"; break; fi
   done < queue.txt
   if [[ -z "$picked" ]]; then sleep 60; continue; fi
@@ -50,6 +61,6 @@ while [[ ! -e STOP ]]; do
   echo "$(date -u +%FT%TZ) start $variant ($commit) ${args[*]}"
   (cd "$dir" && OMP_NUM_THREADS=1 PYTHONPATH=$dir/src $PY -m ssog train "${args[@]}") >> "$RUNS/$variant.out" 2>&1
   echo "$(date -u +%FT%TZ) end $variant rc=$?"
-  [[ -f $out/summary.json ]] && archive "$variant" "$page"
+  [[ -f $out/summary.json ]] && archive "$variant" "$page" "$commit"
   rmdir "claims/$variant"
 done

@@ -312,9 +312,13 @@ class SSoGAttention(nn.Module):
         return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": f"{cls.__name__} with defaults {options}"})
 
     # ------------------------------------------------------------------ parameters
+    def _width(self, rho: Tensor) -> Tensor:
+        """Widths in tokens from their raw parameter: ``sigma_min + softplus(rho)``, any shape."""
+        return self.sigma_min + F.softplus(rho)
+
     def sigma(self) -> Tensor:
         """Fixed widths ``(H, R, 2)`` in tokens."""
-        return self.sigma_min + F.softplus(self.rho)
+        return self._width(self.rho)
 
     def weight(self) -> Tensor:
         """Fixed mixture weights ``(H, R)``."""
@@ -328,7 +332,7 @@ class SSoGAttention(nn.Module):
         """The fixed (unsteered) mixture: ``mu, sigma (H, R, 2)`` and ``weight (H, R)``, moved by
         ``kernel_offset`` (see :meth:`forward`) if given."""
         mu, rho, logits = self._offset_parameters(kernel_offset)
-        return {"mu": mu, "sigma": self.sigma_min + F.softplus(rho), "weight": logits.softmax(dim=-1)}
+        return {"mu": mu, "sigma": self._width(rho), "weight": logits.softmax(dim=-1)}
 
     def _offset_parameters(self, kernel_offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """``mu, rho (H, R, 2)`` and ``logits (H, R)``, moved by ``kernel_offset (H, R, 5)`` if given."""
@@ -354,7 +358,7 @@ class SSoGAttention(nn.Module):
         """
         mu, rho, logits = self._offset_parameters(kernel_offset)
         if not self.steer:
-            return mu, self.sigma_min + F.softplus(rho), logits.softmax(dim=-1)
+            return mu, self._width(rho), logits.softmax(dim=-1)
         if patches is None:
             raise ValueError("a steered SSoGAttention needs the patch tokens to compute its mixture")
         patches = self.q_norm(patches)
@@ -384,7 +388,7 @@ class SSoGAttention(nn.Module):
             rho = rho + steering("sigma", 2)
         if "lambda" in self.steer:
             logits = logits + steering("lambda", 1).squeeze(-1)
-        return mu, self.sigma_min + F.softplus(rho), logits.softmax(dim=-1)
+        return mu, self._width(rho), logits.softmax(dim=-1)
 
     @torch.no_grad()
     def rescale_kernels(self, scale: float | tuple[float, float]) -> None:
