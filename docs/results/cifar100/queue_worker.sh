@@ -23,14 +23,14 @@ checkout() {  # COMMIT -> the folder of a detached checkout of it, made once (a 
   fi
   echo "$dir"
 }
-release() {  # VARIANT PAGE COMMIT: a finished row's weights in timm's hub layout, under PAGE/weights/
+release() {  # VARIANT PAGE COMMIT: a finished row's final weights in timm's hub layout, in PAGE/weights/
   # (a run folder does not outlive its machine). 5-epoch checks are not releases, and weights over
   # 1 MiB in float32 stay out of git (tests/contract/test_released_weights.py).
   local dest=$REPO/docs/results/$2/weights/${1//+/_} params
   [[ $1 == sweep_* || -e $dest ]] && return 0
   params=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["params"])' "$RUNS/$1/summary.json")
   (( params * 4 <= 1048576 )) || return 0
-  (cd "$(checkout "$3")" && PYTHONPATH=$PWD/src $PY -m ssog export --checkpoint "$RUNS/$1" --format hf --output "$dest")
+  (cd "$(checkout "$3")" && PYTHONPATH=$PWD/src $PY -m ssog export --checkpoint "$RUNS/$1/last.safetensors" --format hf --output "$dest")
 }
 archive() {  # VARIANT PAGE COMMIT: the finished run's record (and release), beside its results page
   local dest=$REPO/docs/results/$2/runs/$1
