@@ -14,7 +14,7 @@ import torch
 import ssog.models  # noqa: F401  (registers the models)
 from ssog.data import ArrayDataset, dataset_targets, training_subset
 from ssog.layers import SSoGAttention
-from ssog.layers.ssog_attention import initial_centres, initial_widths
+from ssog.layers import initial_centres, initial_widths
 
 FAMILIES = ("vit", "loopvit", "odevit")
 
