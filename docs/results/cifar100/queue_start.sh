@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Brings a fresh machine to the queue: the repository's environment, the data extracted from
-# ../shared/data, and two queue workers (queue_worker.sh) in the background, one thread each.
+# ../shared/data, the runs an earlier machine carried (queue_carry.sh), and two queue workers
+# (queue_worker.sh) in the background, one thread each.
 # Run from the repository's root: bash docs/results/cifar100/queue_start.sh
 set -eu
 REPO=$(pwd); RUNS=${RUNS:-/work/runs43}; DATA=${DATA:-/tmp/data}; SHARED=${SHARED:-$REPO/../shared}
@@ -11,6 +12,10 @@ for name in cifar10 cifar100 tiny-imagenet-200; do
   [[ -d $DATA/$name ]] || tar xzf "$SHARED/data/$name-train.tar.gz" -C "$DATA"
 done
 mkdir -p "$RUNS/claims"
+# Runs an earlier machine carried (queue_carry.sh) go back where the workers resume them.
+for carried in "$here"/carry/*/; do
+  [[ -d $carried && ! -e $RUNS/$(basename "$carried") ]] && cp -rp "${carried%/}" "$RUNS/"
+done
 # Claims outlive workers killed with the machine: without a worker left, none is live, and the
 # runs they name are resumed from their checkpoints.
 pgrep -f "$RUNS/worker.sh" > /dev/null || find "$RUNS/claims" -mindepth 1 -maxdepth 1 -type d -exec rmdir {} +

@@ -32,10 +32,12 @@ release() {  # VARIANT PAGE COMMIT: a finished row's final weights in timm's hub
   (( params * 4 <= 1048576 )) || return 0
   (cd "$(checkout "$3")" && PYTHONPATH=$PWD/src $PY -m ssog export --checkpoint "$RUNS/$1/last.safetensors" --format hf --output "$dest")
 }
-archive() {  # VARIANT PAGE COMMIT: the finished run's record (and release), beside its results page
+archive() {  # VARIANT PAGE COMMIT: the finished run's record (and release), beside its results page;
+  # a copy an earlier machine carried (queue_carry.sh) is done with
   local dest=$REPO/docs/results/$2/runs/$1
   mkdir -p "$dest" && cp "$RUNS/$1/config.yaml" "$RUNS/$1/log.jsonl" "$RUNS/$1/summary.json" "$dest/"
   release "$@"
+  rm -rf "$REPO/docs/results/cifar100/carry/$1"
 }
 
 while [[ ! -e STOP ]]; do
