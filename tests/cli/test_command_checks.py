@@ -31,7 +31,7 @@ def test_an_export_that_does_not_match_is_one_line_and_writes_nothing(tmp_path, 
     def differs(*args, **kwargs):
         raise ExportMismatch("onnxruntime's output differs from eager PyTorch by 1 (> 0.0001)")
 
-    monkeypatch.setattr("ssog.export.verify_onnx", differs)
+    monkeypatch.setattr("ssog.export.onnx_file.verify_onnx", differs)
     assert main(["export", "--model", "ssog_vit_micro_patch1_8", "--output", str(tmp_path / "m.onnx")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not compute the model" in err and "nothing was written" in err

@@ -93,12 +93,12 @@ def test_onnx_export_of_a_steered_model_matches_eager(tmp_path):
 
 @needs_export
 def test_onnx_export_that_fails_its_check_leaves_no_file(tmp_path, monkeypatch):
-    import ssog.export
+    import ssog.export.onnx_file
 
     def mismatch(*args, **kwargs):
         raise RuntimeError("onnxruntime's output differs")
 
-    monkeypatch.setattr(ssog.export, "verify_onnx", mismatch)
+    monkeypatch.setattr(ssog.export.onnx_file, "verify_onnx", mismatch)
     with pytest.raises(RuntimeError, match="model.onnx: onnxruntime's output differs; nothing was written"):
         export_onnx(_model("vit", "mha"), tmp_path / "model.onnx", (1, 8, 8))
     assert list(tmp_path.iterdir()) == []
