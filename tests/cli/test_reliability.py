@@ -571,7 +571,7 @@ def cpp_switch(monkeypatch):
 
     def clear():
         cpp_kernels._library.cache_clear()
-        cpp_kernels._head_dims.cache_clear()
+        cpp_kernels.head_dims.cache_clear()
 
     def switch(value: str):
         monkeypatch.setenv("SSOG_CPP", value)

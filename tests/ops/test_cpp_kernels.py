@@ -187,11 +187,11 @@ def test_cpp_refuses_what_it_cannot_compute(v, requires_grad, message):
 def fresh_library(monkeypatch, tmp_path):
     """The library's loader with an empty cache; restored (and reloaded) afterwards."""
     monkeypatch.setenv("SSOG_CACHE_DIR", str(tmp_path))
-    for cached in (cpp_kernels._library, cpp_kernels._head_dims):
+    for cached in (cpp_kernels._library, cpp_kernels.head_dims):
         cached.cache_clear()
     yield tmp_path
     monkeypatch.undo()
-    for cached in (cpp_kernels._library, cpp_kernels._head_dims):
+    for cached in (cpp_kernels._library, cpp_kernels.head_dims):
         cached.cache_clear()
 
 

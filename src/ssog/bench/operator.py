@@ -105,7 +105,8 @@ def unavailable_backends(config: OperatorConfig) -> dict[str, str]:
         reasons["triton"] = f"it needs a CUDA device and the triton package (device {config.device})"
     if "cpp" in cannot:
         reasons["cpp"] = cpp_kernels.unavailable_reason() or (
-            f"it takes float32 values on the CPU with a head dimension of 1, 2, 3, 4, 6 or 8 vectors "
+            "it takes float32 values on the CPU with a head dimension of "
+            f"{', '.join(map(str, cpp_kernels.head_dims()))} "
             f"(device {config.device}, dtype {config.dtype}, head_dim {config.head_dim})")
     return reasons
 

@@ -40,7 +40,8 @@ from .capture import capturing_graph
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "available", "cpp_fixed", "cpp_steered", "cpp_table_grads", "cpp_tables", "supports", "takes", "unavailable_reason",
+    "available", "cpp_fixed", "cpp_steered", "cpp_table_grads", "cpp_tables", "head_dims", "supports", "takes",
+    "unavailable_reason",
 ]
 
 SOURCE = Path(__file__).with_name("csrc") / "ssog_cpu.cpp"
@@ -71,14 +72,15 @@ def takes(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     autograd: they compute forward only.)"""
     if device.type != "cpu" or dtype != torch.float32 or capturing_graph():
         return False
-    return head_dim in _head_dims()
+    return head_dim in head_dims()
 
 
 @functools.cache
-def _head_dims() -> frozenset[int]:
-    """The head dimensions the library takes (none where it is not available)."""
+def head_dims() -> tuple[int, ...]:
+    """The head dimensions the library takes, ascending: 1, 2, 3, 4, 6 or 8 vectors of this CPU
+    (none where the library is not available)."""
     library = _library()[0]
-    return frozenset() if library is None else frozenset(library.ssog_lanes() * k for k in (1, 2, 3, 4, 6, 8))
+    return () if library is None else tuple(library.ssog_lanes() * k for k in (1, 2, 3, 4, 6, 8))
 
 
 def cpp_fixed(
@@ -223,8 +225,8 @@ def _check(v: Tensor, *parameters: Tensor) -> None:
         library, reason = _library()
         if library is not None:
             reason = (
-                f"it takes float32 CPU values whose head dimension is 1, 2, 3, 4, 6 or 8 times "
-                f"{library.ssog_lanes()}; got {v.dtype} on {v.device}, head dimension {v.shape[-1]}"
+                f"it takes float32 CPU values whose head dimension is one of {', '.join(map(str, head_dims()))}; "
+                f"got {v.dtype} on {v.device}, head dimension {v.shape[-1]}"
             )
         raise RuntimeError(f"the cpp backend cannot run here: {reason}; use 'auto' or 'separable'")
 
