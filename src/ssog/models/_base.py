@@ -69,7 +69,7 @@ class ViTBase(nn.Module):
             (``centre_radius``, the width ladder) and ``steer_radius`` are given for an 8x8
             token grid and scaled by this model's grid over 8 per axis, so every layer starts
             covering the same fraction of the image whatever the patch size and resolution
-            (:func:`~ssog.layers.ssog_attention.kernel_scale_for_grid`); ``"tokens"``: as
+            (:func:`~ssog.layers.kernel_init.kernel_scale_for_grid`); ``"tokens"``: as
             given, in tokens of this model's grid. An error with ``op="mha"``.
         dynamic_img_size: timm's option: accept any input size divisible by the patch, the
             position embedding resampled to its grid at every forward (the default here);
