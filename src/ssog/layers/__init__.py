@@ -6,9 +6,8 @@ from .kernel_init import (
     multiscale_widths,
 )
 from .norm import CenterNorm
-from .ssog_attention import (
-    CLASS_TOKEN_POOLING, KERNEL_OFFSET_SIZE, STEERABLE, SSoGAttention, TokenGridFromImages, follow_model_grid,
-)
+from .ssog_attention import CLASS_TOKEN_POOLING, KERNEL_OFFSET_SIZE, STEERABLE, SSoGAttention
+from .token_grid import TokenGridFromImages, follow_model_grid
 
 __all__ = [
     "CLASS_TOKEN_POOLING", "CenterNorm", "KERNEL_OFFSET_SIZE", "KERNEL_UNITS", "MIXER_TYPES", "MultiHeadAttention",

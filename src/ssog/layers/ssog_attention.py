@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -461,48 +461,6 @@ class SSoGAttention(nn.Module):
         )
 
 
-class TokenGridFromImages:
-    """``patch_embed``'s forward pre-hook that sets the token grid of ``mixers`` from each
-    image batch ``(B, C, H, W)``: ``patch_embed.dynamic_feat_size((H, W))`` where timm's patch
-    embedding has it (rounded up under ``dynamic_img_pad``), else ``(H // patch_h, W // patch_w)``.
-
-    An object rather than a closure, so that ``copy.deepcopy`` of the model (an EMA copy)
-    copies the mixers it sets with the model's, and ``torch.save`` can pickle it.
-    """
-
-    def __init__(self, mixers: Sequence[SSoGAttention]) -> None:
-        self.mixers = list(mixers)
-
-    def __call__(self, patch_embed: Any, inputs: tuple[Tensor, ...]) -> None:
-        height, width = inputs[0].shape[-2:]
-        if hasattr(patch_embed, "dynamic_feat_size"):
-            grid = tuple(patch_embed.dynamic_feat_size((height, width)))
-        else:
-            grid = (height // patch_embed.patch_size[0], width // patch_embed.patch_size[1])
-        for mixer in self.mixers:
-            mixer.grid_size = grid
-
-
-def follow_model_grid(model: nn.Module) -> list[SSoGAttention]:
-    """Let the :class:`SSoGAttention` layers of a timm ViT (built with
-    ``attn_layer=SSoGAttention``, or converted) take their token grid from each image and their
-    number of prefix tokens from the model: ``model.num_prefix_tokens`` (class, register and
-    distillation tokens), and a :class:`TokenGridFromImages` hook on ``model.patch_embed``. The
-    layers then work on non-square images, at any size under ``dynamic_img_size``, and with
-    register tokens. Returns the layers; a model without them, a patch embedding or
-    ``num_prefix_tokens`` is a ValueError."""
-    mixers = [module for module in model.modules() if isinstance(module, SSoGAttention)]
-    patch_embed = getattr(model, "patch_embed", None)
-    num_prefix_tokens = getattr(model, "num_prefix_tokens", None)
-    if not mixers or patch_embed is None or num_prefix_tokens is None:
-        raise ValueError(f"follow_model_grid() takes a timm ViT (patch_embed, num_prefix_tokens) with SSoGAttention "
-                         f"layers, got {type(model).__name__}")
-    for mixer in mixers:
-        mixer.num_prefix_tokens = num_prefix_tokens
-    patch_embed.register_forward_pre_hook(TokenGridFromImages(mixers))
-    return mixers
-
-
 def _renamed(state_dict: dict[str, Tensor], prefix: str, names: dict[str, str]) -> None:
     """Rename, in place, the steering entries ``prefix + {steer_proj,steer_gate}.OLD...`` to NEW.
     Every entry under ``prefix`` is re-inserted in its order, so the layer's entries keep theirs."""
@@ -525,7 +483,4 @@ def _module_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str,
     _renamed(state_dict, prefix, {name: key for name, key in STEER_KEYS.items() if key != name})
 
 
-__all__ = [
-    "CLASS_TOKEN_POOLING", "KERNEL_OFFSET_SIZE", "SSoGAttention", "STEERABLE", "TokenGridFromImages",
-    "follow_model_grid",
-]
+__all__ = ["CLASS_TOKEN_POOLING", "KERNEL_OFFSET_SIZE", "SSoGAttention", "STEERABLE"]
