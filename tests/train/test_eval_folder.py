@@ -1,25 +1,34 @@
-"""``ssog eval --data-dir DIR`` on a folder of class folders (or DIR/val), for an ImageFolder run."""
+"""``ssog eval --data-dir DIR`` on a folder of class folders (or DIR/val), for an ImageFolder run, and
+``--compare``: two models paired on the same images."""
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
+import torch
 
 from support import image_tree
 from ssog.cli import main
-from ssog.train import evaluate_checkpoint
+from ssog.train import compare_checkpoints, evaluate_checkpoint
 from ssog.train.builders import build_model
 from ssog.train.checkpoint import save_checkpoint
+
+
+def _untrained_run(run, data, tiny_config, val_split=2):
+    """The best checkpoint of a run on ``data``/train with ``val_split``, without training it."""
+    cfg = tiny_config(run, dataset="imagefolder", data_dir=str(data), val_split=val_split, batch_size=4)
+    return save_checkpoint(run / "best.safetensors", {
+        "kind": "best", "config": cfg.to_dict(), "classes": ["cat", "dog"],
+        "model": build_model(cfg, 2, 3, 8).state_dict(),
+    })
 
 
 @pytest.fixture
 def imagefolder_run(tmp_path, tiny_config):
     """A run trained on DIR/train with val_split (its checkpoint, without training it)."""
     image_tree(tmp_path / "data" / "train", splits=("",), size=8, per_class=4)
-    cfg = tiny_config(tmp_path / "run", dataset="imagefolder", data_dir=str(tmp_path / "data"), val_split=2,
-                      batch_size=4)
-    model = build_model(cfg, 2, 3, 8)
-    return save_checkpoint(tmp_path / "run" / "best.safetensors", {
-        "kind": "best", "config": cfg.to_dict(), "classes": ["cat", "dog"], "model": model.state_dict(),
-    })
+    return _untrained_run(tmp_path / "run", tmp_path / "data", tiny_config)
 
 
 def test_a_folder_of_class_folders_is_evaluated_whole(tmp_path, imagefolder_run):
@@ -140,3 +149,73 @@ def test_a_folder_of_classes_with_a_class_named_train_works_in_every_command(tmp
                  "--val-split", "3", "--num-images", "3", "--device", "cpu", "--output", str(tmp_path / "sinks")]) == 0
     row = json.loads((tmp_path / "sinks" / "sinks.json").read_text())[0]
     assert (row["data"], row["images"]) == ("imagefolder", 3)
+
+
+def test_paired_difference_counts_the_images_only_one_model_gets_right():
+    from ssog.train.metrics import paired_difference
+
+    both, neither = [True] * 80, [False] * 8
+    a = torch.tensor(both + [True] * 10 + [False] * 2 + neither)  # 100 images: 10 only A, 2 only B
+    b = torch.tensor(both + [False] * 10 + [True] * 2 + neither)
+    paired = paired_difference(a, b)
+    assert (paired["only_a"], paired["only_b"], paired["images"]) == (10, 2, 100)
+    assert (paired["acc1_a"], paired["acc1_b"], paired["difference"]) == pytest.approx((90.0, 82.0, 8.0))
+    assert paired["p_value"] == pytest.approx(2 * (1 + 12 + 66) / 2 ** 12)  # McNemar exact: P(X <= 2), X ~ B(12, 1/2)
+    half_width = 1.96 * math.sqrt(12 - 8 ** 2 / 100) / 100 * 100
+    assert paired["ci95"] == pytest.approx([8.0 - half_width, 8.0 + half_width])
+    swapped = paired_difference(b, a)
+    assert swapped["difference"] == pytest.approx(-8.0) and swapped["p_value"] == paired["p_value"]
+    same = paired_difference(a, a)
+    assert (same["difference"], same["p_value"], same["ci95"]) == (0.0, 1.0, [0.0, 0.0])
+
+
+def test_paired_difference_stays_exact_at_thousands_of_discordant_images():
+    from ssog.train.metrics import paired_difference
+
+    a = torch.tensor([True] * 3000 + [False] * 2900)
+    paired = paired_difference(a, ~a)
+    z = (3000 - 2900 - 1) / math.sqrt(5900)  # the normal approximation, with continuity correction
+    assert paired["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)), abs=2e-3)
+    with pytest.raises(ValueError, match="one flag per image"):
+        paired_difference(a, a[:10])
+
+
+@pytest.fixture
+def second_run(tmp_path, tiny_config):
+    """Another model of imagefolder_run's recipe: other weights, the same data."""
+    torch.manual_seed(1)
+    return _untrained_run(tmp_path / "run2", tmp_path / "data", tiny_config)
+
+
+def test_two_models_are_compared_on_the_same_images(tmp_path, imagefolder_run, second_run):
+    folder = image_tree(tmp_path / "photos", splits=("",), size=8, per_class=6)
+    data = {"data_dir": str(folder)}
+    result = compare_checkpoints(imagefolder_run, second_run, data=data, progress=False, device="cpu")
+    alone = [evaluate_checkpoint(run, data=data, progress=False, device="cpu") for run in (imagefolder_run, second_run)]
+    assert [result["a"], result["b"]] == alone  # each model's own metrics, untouched by the pairing
+    paired = result["paired"]
+    assert paired["images"] == 12
+    assert paired["difference"] == pytest.approx(alone[0]["acc1"] - alone[1]["acc1"])
+    itself = compare_checkpoints(imagefolder_run, imagefolder_run, data=data, progress=False, device="cpu")["paired"]
+    assert (itself["difference"], itself["only_a"], itself["only_b"], itself["p_value"]) == (0.0, 0, 0, 1.0)
+
+
+def test_models_that_read_different_images_are_not_compared(tmp_path, imagefolder_run, tiny_config):
+    image_tree(tmp_path / "data3" / "train", splits=("",), size=8, per_class=4)
+    other = _untrained_run(tmp_path / "run3", tmp_path / "data3", tiny_config, val_split=4)
+    with pytest.raises(ValueError, match=r"different images \(data_dir .*val_split 2 against 4.*samples 2 against 4"):
+        compare_checkpoints(imagefolder_run, other, progress=False, device="cpu")
+
+
+def test_cli_compare_prints_the_paired_difference(tmp_path, imagefolder_run, second_run, capsys):
+    folder = str(image_tree(tmp_path / "photos", splits=("",), size=8))
+    assert main(["eval", "--checkpoint", str(imagefolder_run), "--compare", str(second_run), "--data-dir", folder,
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"A: {imagefolder_run}\n") and f"\nB: {second_run}\n" in out
+    assert "Acc@1 on the same 6 images (95% interval" in out and "McNemar p = " in out
+    assert main(["eval", "--checkpoint", str(imagefolder_run), "--compare", str(second_run), "--data-dir", folder,
+                 "--device", "cpu", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"a", "b", "paired"}
+    assert main(["eval", "--checkpoint", str(imagefolder_run), "--compare", str(second_run), "--per-class"]) == 2
+    assert "--per-class and --compare do not combine" in capsys.readouterr().err

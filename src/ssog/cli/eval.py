@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, help="batch size")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--per-class", action="store_true", help="also report Acc@1 of every class")
+    parser.add_argument("--compare", metavar="CHECKPOINT",
+                        help="also evaluate this model (what --checkpoint takes) on the same images and report "
+                             "the Acc@1 difference --checkpoint minus it, paired over the images: its 95%% "
+                             "interval and McNemar's exact p (the noise of the images evaluated, not of training)")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.add_argument("--output", help="also write the metrics to this JSON file (an existing one is refused "
                                          "unless --overwrite; a link is written through, a device or pipe into)")
@@ -50,39 +54,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ssog.files import check_output_file, write_atomic
-    from ssog.train import evaluate_checkpoint
+    from ssog.train import compare_checkpoints, evaluate_checkpoint
 
+    if args.compare is not None and args.per_class:
+        raise ValueError("--per-class and --compare do not combine: evaluate each model with --per-class")
     if args.output is not None and not args.output.strip():
         raise ValueError("--output is empty: give the JSON file to write the metrics to, or leave --output out")
     if args.output:
         from ssog.train.run_folder import refuse_run_file
         from ssog.train.transfer import model_source, source_files
 
-        refuse_run_file(args.output, "--output", reading=source_files(model_source(args.checkpoint)))
+        reading = [file for path in (args.checkpoint, args.compare) if path
+                   for file in source_files(model_source(path))]
+        refuse_run_file(args.output, "--output", reading=reading)
         check_output_file(args.output, "--output", args.overwrite)  # before the evaluation, not after it
     data = {k: getattr(args, k) for k in ("dataset", "data_dir", "download", "val_split", "split_seed")
             if getattr(args, k) is not None}
-    result = evaluate_checkpoint(
-        args.checkpoint, data=data, split=args.split, img_size=args.img_size, patch_size=args.patch_size,
-        rescale_kernels=args.rescale_kernels, ema=args.ema, batch_size=args.batch_size, device=args.device,
-        progress=not args.json, per_class=args.per_class,
-    )
+    options = dict(data=data, split=args.split, img_size=args.img_size, patch_size=args.patch_size,
+                   rescale_kernels=args.rescale_kernels, ema=args.ema, batch_size=args.batch_size,
+                   device=args.device, progress=not args.json)
+    if args.compare is not None:
+        result = compare_checkpoints(args.checkpoint, args.compare, **options)
+    else:
+        result = evaluate_checkpoint(args.checkpoint, per_class=args.per_class, **options)
     if args.output:
         write_atomic(args.output, json.dumps(result, indent=2) + "\n", overwrite=args.overwrite)
     if args.json:
         print(json.dumps(result, indent=2))
+    elif args.compare is not None:
+        paired = result["paired"]
+        low, high = paired["ci95"]
+        print(f"A: {result['a']['checkpoint']}\n   {_describe(result['a'])}")
+        print(f"B: {result['b']['checkpoint']}\n   {_describe(result['b'])}")
+        print(f"A - B: {paired['difference']:+.2f} Acc@1 on the same {paired['images']} images (95% interval "
+              f"{low:+.2f} to {high:+.2f}, McNemar p = {paired['p_value']:.3g}; {paired['only_a']} images only A "
+              f"gets right, {paired['only_b']} only B)")
     else:
-        source = f" from {result['data_dir']}" if result["data_dir"] else ""
-        grid = result["grid"]
-        patches = f", patch {result['patch_size'][0]}, grid {grid[0]}x{grid[1]}" if grid else ""
-        print(f"{result['model']} on {result['dataset']} {result['split']}{source} ({result['samples']} images, "
-              f"{result['img_size']}px{patches}"
-              f"{', kernels rescaled x%.3g' % result['grid_ratio'] if result['rescaled_kernels'] else ''}): "
-              f"Acc@1 {result['acc1']:.2f}  Acc@3 {result['acc3']:.2f}  Acc@5 {result['acc5']:.2f}  "
-              f"loss {result['loss']:.4f}")
+        print(_describe(result))
         if args.per_class:
             width = max(len("class"), *(len(row["class"]) for row in result["per_class"]))
             print(f"{'class':<{width}}  images   Acc@1")
             for row in result["per_class"]:
                 print(f"{row['class']:<{width}}  {row['images']:>6}  {row['acc1']:6.2f}")
     return 0
+
+
+def _describe(result: dict) -> str:
+    """One model's metrics as one line naming the data and the input it was evaluated at."""
+    source = f" from {result['data_dir']}" if result["data_dir"] else ""
+    grid = result["grid"]
+    patches = f", patch {result['patch_size'][0]}, grid {grid[0]}x{grid[1]}" if grid else ""
+    rescaled = f", kernels rescaled x{result['grid_ratio']:.3g}" if result["rescaled_kernels"] else ""
+    return (f"{result['model']} on {result['dataset']} {result['split']}{source} ({result['samples']} images, "
+            f"{result['img_size']}px{patches}{rescaled}): Acc@1 {result['acc1']:.2f}  Acc@3 {result['acc3']:.2f}  "
+            f"Acc@5 {result['acc5']:.2f}  loss {result['loss']:.4f}")

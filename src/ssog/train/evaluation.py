@@ -6,6 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
 from timm.data import resolve_model_data_config
 
 from ssog.data.folder import class_difference
@@ -15,10 +16,13 @@ from ssog.train.checkpoint import load_checkpoint, read_checkpoint_info
 from ssog.train.config import TrainConfig, data_source_from_overrides, upgrade_checkpoint_config
 from ssog.train.distributed import DistContext, init_distributed
 from ssog.train.logger import progress_bar
-from ssog.train.metrics import evaluate
+from ssog.train.metrics import evaluate, paired_difference
 from ssog.train.transfer import model_from_checkpoint, model_source, move_to_input_size
 
-__all__ = ["evaluate_checkpoint"]
+__all__ = ["compare_checkpoints", "evaluate_checkpoint"]
+
+# what names the images evaluated: two models compared must have read the same ones
+_DATA_KEYS = ("dataset", "data_dir", "split", "val_split", "split_seed", "samples")
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ def evaluate_checkpoint(
     device: str = "auto",
     progress: bool = True,
     per_class: bool = False,
+    per_sample: bool = False,
 ) -> dict[str, Any]:
     """Metrics (``loss``, ``acc1``, ``acc3``, ``acc5``) of a run's checkpoint or of a released model.
 
@@ -60,7 +65,10 @@ def evaluate_checkpoint(
     as for training, the validation images split off ``DIR/train`` by ``val_split`` and
     ``split_seed`` (the run's, or ``data["split_seed"]``), so a run's held-out images are
     evaluated again from a copy of its data folder. The folder's classes must be the model's.
-    ``per_class`` adds ``per_class``: ``[{"class", "images", "acc1"}, ...]``.
+    ``per_class`` adds ``per_class``: ``[{"class", "images", "acc1"}, ...]``; ``per_sample``
+    adds ``targets`` and ``correct`` (``(N,)`` tensors in the data's order, see
+    :func:`ssog.train.metrics.evaluate`). ``val_split`` and ``split_seed`` in the result are
+    the split applied, ``None`` where a folder is evaluated whole.
     """
     for name, value in (("img_size", img_size), ("patch_size", patch_size), ("batch_size", batch_size)):
         if value is not None and value < 1:
@@ -107,7 +115,7 @@ def evaluate_checkpoint(
         model.to(ctx.device)
         bar = (lambda it: progress_bar(progress, iterable=it, desc="eval")) if progress else None
         with torch_settings(ctx.device, cfg.threads, cfg.deterministic):
-            metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class)
+            metrics = evaluate(model, loader, ctx, cfg.amp, progress=bar, per_class=per_class, per_sample=per_sample)
     if per_class:
         names = info.classes or tuple(str(i) for i in range(info.num_classes))
         metrics["per_class"] = [
@@ -121,7 +129,32 @@ def evaluate_checkpoint(
         "patch_size": list(patch_embed.patch_size) if patch_embed else None,
         "grid": list(patch_embed.grid_size) if patch_embed else None, "grid_ratio": ratio,
         "rescaled_kernels": rescale_kernels, "ema": ema, "data_dir": cfg.data_dir,
+        "val_split": None if folder else cfg.val_split, "split_seed": None if folder else cfg.split_seed,
     }
+
+
+def compare_checkpoints(checkpoint: str | Path, other: str | Path, **options: Any) -> dict[str, Any]:
+    """Two models evaluated on the same images, and the paired difference of their Acc@1.
+
+    ``checkpoint``, ``other``: what :func:`evaluate_checkpoint` takes; ``options``: its keyword
+    arguments, applied to both (each run reads its own run's data unless ``options["data"]``
+    names the data). Returns ``{"a": metrics of checkpoint, "b": metrics of other, "paired":
+    paired_difference(a, b)}`` (:func:`ssog.train.metrics.paired_difference`: A - B, its 95%
+    interval and McNemar's p). The two must have read the same images in the same order: a
+    different data source, split or label sequence is a ValueError naming both.
+    """
+    if options.get("per_class"):
+        raise ValueError("per_class does not combine with a comparison: evaluate each model with per_class")
+    a, b = (evaluate_checkpoint(path, **dict(options, per_sample=True)) for path in (checkpoint, other))
+    differ = [key for key in _DATA_KEYS if a[key] != b[key]]
+    if differ or not torch.equal(a["targets"], b["targets"]):
+        shown = ", ".join(f"{key} {a[key]!r} against {b[key]!r}" for key in differ) or "the labels, in order"
+        raise ValueError(f"{a['checkpoint']} and {b['checkpoint']} were evaluated on different images ({shown}); "
+                         "a paired comparison needs the same images: name the data for both (--dataset, --data-dir, "
+                         "--val-split, --split-seed)")
+    paired = paired_difference(a.pop("correct"), b.pop("correct"))
+    del a["targets"], b["targets"]
+    return {"a": a, "b": b, "paired": paired}
 
 
 @contextmanager

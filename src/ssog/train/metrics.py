@@ -1,7 +1,9 @@
-"""Run metrics: validation loss and Acc@1/3/5 (in %), summed over processes; gradient norms
-per parameter group, averaged over an epoch's steps."""
+"""Run metrics: validation loss and Acc@1/3/5 (in %), summed over processes; the paired
+difference of two models' Acc@1 on the same images; gradient norms per parameter group,
+averaged over an epoch's steps."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,20 +17,25 @@ from ssog.models import parameter_parts
 from ssog.runtime import autocast
 from ssog.train.distributed import DistContext, all_reduce_sum
 
-__all__ = ["TOPK", "GradNormMeter", "evaluate", "parameter_groups"]
+__all__ = ["TOPK", "GradNormMeter", "evaluate", "paired_difference", "parameter_groups"]
 
 TOPK = (1, 3, 5)
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: str = "none",
-             progress=None, per_class: bool = False) -> dict[str, Any]:
+             progress=None, per_class: bool = False, per_sample: bool = False) -> dict[str, Any]:
     """``{"loss", "acc1", "acc3", "acc5"}`` of ``model`` on every sample of ``loader``; with
-    ``per_class`` also ``class_counts`` (images per label) and ``class_acc1`` (Acc@1 per label, %).
+    ``per_class`` also ``class_counts`` (images per label) and ``class_acc1`` (Acc@1 per label, %);
+    with ``per_sample`` also ``targets`` (``(N,)`` int64) and ``correct`` (``(N,)`` bool: its top-1
+    is the target), on the CPU in the loader's order, for one process only.
 
     Each process evaluates its shard; sums are reduced so every process returns the metrics
     of the whole set. Top-k with k above the number of classes counts as top-C.
     """
+    if per_sample and ctx.distributed:
+        raise ValueError("per-sample results need the whole evaluation set in one process; evaluate without "
+                         "torchrun (one process)")
     was_training = model.training
     model.eval()
     count: float  # summed over the processes as float64 (all_reduce_sum)
@@ -36,6 +43,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
     correct: list[float] = [0] * len(TOPK)
     class_counts: list[int] = []
     class_hits: list[int] = []
+    sample_targets: list[torch.Tensor] = []
+    sample_correct: list[torch.Tensor] = []
     for images, targets in (progress(loader) if progress else loader):
         images = images.to(ctx.device, non_blocking=True)
         targets = targets.to(ctx.device, non_blocking=True)
@@ -48,6 +57,9 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
         for i, k in enumerate(TOPK):
             correct[i] += hits[:, :k].any(dim=1).sum().item()
         count += targets.numel()
+        if per_sample:
+            sample_targets.append(targets.cpu())
+            sample_correct.append(hits[:, 0].cpu())
         if per_class:
             classes = logits.shape[1]
             if not class_counts:
@@ -69,7 +81,42 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, ctx: DistContext, amp: 
         metrics["class_acc1"] = [
             100.0 * h / n if n else float("nan") for n, h in zip(summed[:classes], summed[classes:])
         ]
+    if per_sample:
+        metrics.update(targets=torch.cat(sample_targets), correct=torch.cat(sample_correct))
     return metrics
+
+
+def paired_difference(correct_a: torch.Tensor, correct_b: torch.Tensor) -> dict[str, Any]:
+    """How far model A's Acc@1 is from model B's on the same images, and whether that exceeds
+    the noise of the images drawn.
+
+    ``correct_a``, ``correct_b``: ``(N,)`` bool, image ``i`` classified right by A / by B. Returns
+    ``images`` (N), ``acc1_a``, ``acc1_b`` and ``difference`` (A - B) in %, ``only_a`` /
+    ``only_b`` (images only A / only B gets right), ``ci95`` (``[low, high]``, %: the Wald
+    interval of a paired difference of proportions) and ``p_value`` (McNemar's exact two-sided
+    test: the discordant images split as a fair coin would split them). Pairing removes the
+    images both get right or both get wrong, so the interval is narrower than two separate
+    runs' binomial errors suggest. It measures the evaluation images' noise, not training's:
+    two seeds of one recipe can differ by more.
+    """
+    if correct_a.shape != correct_b.shape or correct_a.ndim != 1 or not correct_a.numel():
+        raise ValueError(f"paired results need one flag per image from each model, got shapes "
+                         f"{tuple(correct_a.shape)} and {tuple(correct_b.shape)}")
+    images = correct_a.numel()
+    only_a = int((correct_a & ~correct_b).sum())
+    only_b = int((correct_b & ~correct_a).sum())
+    difference = (only_a - only_b) / images
+    spread = math.sqrt(max(only_a + only_b - (only_a - only_b) ** 2 / images, 0.0)) / images
+    discordant = only_a + only_b
+    # exact binomial tail in integers (math.comb): a float tail underflows at thousands of images
+    tail = sum(math.comb(discordant, k) for k in range(min(only_a, only_b) + 1))
+    return {
+        "images": images,
+        "acc1_a": 100.0 * float(correct_a.float().mean()), "acc1_b": 100.0 * float(correct_b.float().mean()),
+        "difference": 100.0 * difference, "only_a": only_a, "only_b": only_b,
+        "ci95": [100.0 * (difference - 1.96 * spread), 100.0 * (difference + 1.96 * spread)],
+        "p_value": min(1.0, 2 * tail / 2 ** discordant),
+    }
 
 
 def parameter_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
