@@ -20,7 +20,8 @@ from support import image_tree
 from ssog.data import build_datasets, evaluation_folder
 from ssog.data.custom import custom_datasets
 from ssog.data.samples import SampleError, class_index
-from ssog.data.streams import HfShards, StreamLoader
+from ssog.data.shards import HfShards
+from ssog.data.streams import StreamLoader
 from ssog.train import train
 
 wds = pytest.importorskip("webdataset")
