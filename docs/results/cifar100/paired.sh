@@ -16,3 +16,6 @@ pair odevit_p2_ssog_seed1_vs_mha odevit_ssog_p2_seed1 odevit_mha_p2
 pair odevit_p2_time_kernels_vs_mha odevit_ssog_p2_time_kernels odevit_mha_p2
 pair odevit_p2_ssog_seed1_vs_seed0 odevit_ssog_p2_seed1 odevit_ssog_p2
 pair odevit_p2_mha_lr4e-3_vs_lr8e-3 odevit_mha_p2 odevit_mha_p2_lr8e-3
+pair vit_ssog_vs_mha vit_ssog vit_mha
+pair loopvit_ssog_vs_mha loopvit_ssog loopvit_mha
+pair odevit_ssog_vs_mha odevit_ssog odevit_mha
