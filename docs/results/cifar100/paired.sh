@@ -19,3 +19,4 @@ pair odevit_p2_mha_lr4e-3_vs_lr8e-3 odevit_mha_p2 odevit_mha_p2_lr8e-3
 pair vit_ssog_vs_mha vit_ssog vit_mha
 pair loopvit_ssog_vs_mha loopvit_ssog loopvit_mha
 pair odevit_ssog_vs_mha odevit_ssog odevit_mha
+pair vit_p2_ssog_vs_mha vit_ssog_p2 vit_mha_p2
