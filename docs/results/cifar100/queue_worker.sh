@@ -25,8 +25,11 @@ checkout() {  # COMMIT -> the folder of a detached checkout of it, made once (a 
 }
 release() {  # VARIANT PAGE COMMIT: a finished row's final weights in timm's hub layout, in PAGE/weights/
   # (a run folder does not outlive its machine). 5-epoch checks are not releases, and weights over
-  # 1 MiB in float32 stay out of git (tests/contract/test_released_weights.py).
-  local dest=$REPO/docs/results/$2/weights/${1//+/_} params
+  # 1 MiB in float32 stay out of git (tests/contract/test_released_weights.py). A `+rerun` repeats
+  # its row (same commit, config and seed) and releases under the row's name; other tags add a
+  # setting or seed and keep theirs (`+seed1` -> VARIANT_seed1).
+  local release_name=${1%+rerun}
+  local dest=$REPO/docs/results/$2/weights/${release_name//+/_} params
   [[ $1 == sweep_* || -e $dest ]] && return 0
   params=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["params"])' "$RUNS/$1/summary.json")
   (( params * 4 <= 1048576 )) || return 0
