@@ -13,7 +13,10 @@ training length. `--paper-table` prints the paper's layout instead: per family, 
 grid and length, each operator setting (MHA; SSoG fixed or steered) with its seeds averaged:
 parameters, forward GFLOPs per image, Acc@1, Acc@5, SSoG's margin over MHA and its parameter
 saving (where MHA ran at several learning rates, over its best one; rows of one operator name
-the settings that set them apart). Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
+the settings that set them apart). `--seed-intervals` adds, for each margin with two or more seeds on
+both sides, the 95% interval over seeds (Welch's t on the seeds' Acc@1: what training's randomness
+leaves open, where `ssog eval --compare` measures only the validation images' noise; needs scipy,
+which `[dev]` installs). Reads only what `ssog train` writes: `log.jsonl`, `summary.json` and
 `config.yaml`.
 """
 from __future__ import annotations
@@ -295,6 +298,33 @@ def paper_table(runs: list[Path]) -> list[str]:
     return lines
 
 
+def seed_intervals(runs: list[Path]) -> list[str]:
+    """Markdown rows: each SSoG setting's margin over its group's MHA baseline (as in
+    `paper_table`) where both rows hold two or more seeds, with the 95% interval and p-value of a
+    difference of two seed means (Welch's t, unequal variances). Two seeds a side leave one or two
+    degrees of freedom, so the interval is wide: it says how far another draw of seeds could move
+    the margin."""
+    from scipy import stats  # Welch's interval needs Student's t quantiles at fractional degrees of freedom
+
+    lines = ["| family | width | tokens | epochs | operator | seeds (SSoG / MHA) | margin | 95% over seeds | p |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (family, width, grid, epochs), members, baseline in _groups(_operator_rows(runs)):
+        for row in members:
+            if not _is_compared(row, baseline):
+                continue
+            if min(len(row["acc1"]), len(baseline["acc1"])) < 2:
+                print(f"note: {family} width {width} {grid} tokens, {row['label']} against {baseline['label']}: "
+                      "fewer than two seeds a side, no interval over seeds")
+                continue
+            test = stats.ttest_ind(row["acc1"], baseline["acc1"], equal_var=False)
+            low, high = test.confidence_interval(0.95)
+            lines.append(f"| {family} | {width} | {grid} | {epochs} | {row['label']} against {baseline['label']} "
+                         f"| {len(row['acc1'])} / {len(baseline['acc1'])} "
+                         f"| {_mean(row['acc1']) - _mean(baseline['acc1']):+.2f} | {low:+.2f} to {high:+.2f} "
+                         f"| {test.pvalue:.2g} |")
+    return lines
+
+
 def margin_plot(runs: list[Path], path: Path, title: str) -> None:
     """Last-epoch validation Acc@1 of each operator (left) and SSoG minus MHA (right) against the
     training length, one line per family and token grid (`paired_acc1`)."""
@@ -397,6 +427,8 @@ def main() -> None:
                         help="also plot each MHA/SSoG pair's Acc@1 and margin against the training length here")
     parser.add_argument("--paper-table", action="store_true",
                         help="print the paper's layout: MHA against SSoG per family, width and token grid")
+    parser.add_argument("--seed-intervals", action="store_true",
+                        help="also print each margin's 95%% interval over seeds (two or more seeds a side; scipy)")
     parser.add_argument("--setting-margin-plot", type=Path,
                         help="also plot SSoG's margin over MHA per family, width and token grid here (bars, seeds "
                              "as dots)")
@@ -410,6 +442,8 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|")
         for run in args.runs:
             print(row(run))
+    if args.seed_intervals:
+        print("\n" + "\n".join(seed_intervals(args.runs)))
     if args.setting_margin_plot:
         setting_margin_plot(args.runs, args.setting_margin_plot, args.title, args.goals)
     if args.plot:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scipy import stats
 
 from ssog.cli import main
 from ssog.layers import ssog_mixers
@@ -170,6 +171,17 @@ def test_paper_table_averages_seeds_and_plots_each_settings_margin(tmp_path, cap
     assert [row[4:6] + row[11:] for row in vit] == [
         ["MHA, lr 0.002", "1", ""], ["MHA, lr 0.004", "40.00, 42.00", ""], ["SSoG", "44.00, 45.00", "+1.50"],
         ["SSoG steer mu (cold)", "1", "-3.00"]]
+    # over seeds: Welch's interval of SSoG (44, 45) against MHA (40, 42), by hand
+    intervals = table.seed_intervals(runs)
+    assert "steer mu (cold) against MHA: fewer than two seeds a side" in capsys.readouterr().out
+    squared_errors = (0.5 / 2, 2.0 / 2)  # each seed variance over its seed count
+    dof = sum(squared_errors) ** 2 / sum(e ** 2 for e in squared_errors)
+    half = stats.t.ppf(0.975, dof) * math.sqrt(sum(squared_errors))
+    assert len(intervals) == 3
+    *cells, p_value = [cell.strip() for cell in intervals[2].strip("|").split("|")]
+    assert cells == ["vit", "64", "8x8", "2", "SSoG against MHA", "2 / 2", "+3.50",
+                     f"{3.5 - half:+.2f} to {3.5 + half:+.2f}"]
+    assert 3.5 - half < 0 and float(p_value) > 0.05  # 1.5 degrees of freedom: a 3.5 lead is not shown
     table.setting_margin_plot(runs, tmp_path / "margins.png", "fake", {"vit": 2.0})
     assert (tmp_path / "margins.png").stat().st_size > 0
     assert "note: loopvit width 64 8x8 tokens has no MHA run: not in the margin plot" in capsys.readouterr().out
