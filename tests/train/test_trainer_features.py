@@ -14,6 +14,7 @@ import torch
 from support import crash_after_save, run_history
 from ssog.train import evaluate_checkpoint, load_checkpoint, train
 from ssog.train import api as api_module
+from ssog.train import builders as builders_module
 from ssog.train import engine as engine_module
 from ssog.train import logger as logger_module
 from ssog.train.checkpoint import read_checkpoint_info
@@ -104,12 +105,12 @@ def test_timm_schedules(tmp_path, monkeypatch, tiny_config):
 def test_an_unset_decay_epochs_is_left_to_timm(tmp_path, monkeypatch, tiny_config):
     # timm before 1.0.31 multiplies decay_epochs by the updates per epoch without a None check
     seen = []
-    real = engine_module.create_scheduler_v2
-    monkeypatch.setattr(engine_module, "create_scheduler_v2", lambda *args, **kwargs: seen.append(kwargs) or real(
+    real = builders_module.create_scheduler_v2
+    monkeypatch.setattr(builders_module, "create_scheduler_v2", lambda *args, **kwargs: seen.append(kwargs) or real(
         *args, **kwargs))
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    engine_module._scheduler(optimizer, tiny_config(tmp_path / "a"), 4)
-    engine_module._scheduler(optimizer, tiny_config(tmp_path / "b", sched="step", decay_epochs=1), 4)
+    builders_module.build_scheduler(optimizer, tiny_config(tmp_path / "a"), 4)
+    builders_module.build_scheduler(optimizer, tiny_config(tmp_path / "b", sched="step", decay_epochs=1), 4)
     assert "decay_epochs" not in seen[0] and seen[1]["decay_epochs"] == 1
 
 

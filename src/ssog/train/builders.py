@@ -1,4 +1,5 @@
-"""Data and model construction from a :class:`TrainConfig`, shared by training and evaluation."""
+"""Data and model construction from a :class:`TrainConfig`, shared by training and evaluation,
+and the learning-rate schedule a training run steps."""
 from __future__ import annotations
 
 import inspect
@@ -9,6 +10,7 @@ from typing import Any, Sequence
 import timm
 import torch
 from timm.models import get_pretrained_cfg, model_entrypoint
+from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import ssog.models  # noqa: F401  (registers the ssog models with timm)
@@ -27,6 +29,7 @@ from ssog.train.distributed import DistContext, barrier
 
 __all__ = [
     "DataBundle", "GRAD_CHECKPOINTING", "ModelBuildError", "build_data", "build_eval_data", "build_model",
+    "build_scheduler",
     "RESERVED_MODEL_KWARGS", "apply_data_config", "model_pretrained_cfg", "run_data_config", "takes_img_size",
 ]
 
@@ -389,3 +392,24 @@ def _converted_timm_model(cfg: TrainConfig, name: str, kwargs: dict[str, Any], n
         return convert(model, **kwargs)
     except TypeError as error:
         raise ValueError(f"cannot convert timm:{name} with SSoG options {kwargs}: {error}") from error
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int) -> tuple[Any, int]:
+    """timm's ``create_scheduler_v2`` for ``cfg.sched`` and its options, stepped every optimizer
+    step (plateau, which watches validation metrics, every epoch); with the number of epochs the
+    schedule runs (``epochs`` + ``cooldown_epochs``, or more with warmup_prefix / cycles)."""
+    per_epoch = cfg.sched == "plateau"
+    # unset, timm's own default: timm before 1.0.31 multiplies decay_epochs unchecked
+    decay: dict[str, Any] = {} if cfg.decay_epochs is None else {"decay_epochs": cfg.decay_epochs}
+    try:
+        return create_scheduler_v2(
+            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, **decay,
+            # timm annotates milestones and warmup as whole epochs; with updates_per_epoch it takes fractions
+            decay_milestones=cfg.decay_milestones,  # type: ignore[arg-type]
+            decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs, cooldown_epochs=cfg.cooldown_epochs,
+            warmup_epochs=cfg.warmup_epochs,  # type: ignore[arg-type]
+            warmup_lr=cfg.warmup_lr,
+            min_lr=cfg.min_lr, step_on_epochs=per_epoch, updates_per_epoch=steps_per_epoch, **cfg.sched_kwargs,
+        )
+    except TypeError as error:  # an option create_scheduler_v2 does not take
+        raise ValueError(f"sched_kwargs {cfg.sched_kwargs}: {error}") from None

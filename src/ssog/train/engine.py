@@ -35,7 +35,6 @@ import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
@@ -44,7 +43,7 @@ from ssog.data import get_augmentation
 from ssog.files import FolderLock, WriteError, holds_lock, write_atomic
 from ssog.models.weights import load_weights_into
 from ssog.runtime import autocast, cpu_seconds, is_out_of_memory
-from ssog.train.builders import apply_data_config, build_data, build_model
+from ssog.train.builders import apply_data_config, build_data, build_model, build_scheduler
 from ssog.train.checkpoint import MODEL_KEY, save_checkpoints
 from ssog.train.config import TIMM_INIT_PREFIX, TrainConfig
 from ssog.train.distributed import (
@@ -62,27 +61,6 @@ from ssog.train.transfer import freeze_backbone, init_from_checkpoint
 __all__ = ["Trainer"]
 
 logger = logging.getLogger(__name__)
-
-
-def _scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int) -> tuple[Any, int]:
-    """timm's ``create_scheduler_v2`` for ``cfg.sched`` and its options, stepped every optimizer
-    step (plateau, which watches validation metrics, every epoch); with the number of epochs the
-    schedule runs (``epochs`` + ``cooldown_epochs``, or more with warmup_prefix / cycles)."""
-    per_epoch = cfg.sched == "plateau"
-    # unset, timm's own default: timm before 1.0.31 multiplies decay_epochs unchecked
-    decay: dict[str, Any] = {} if cfg.decay_epochs is None else {"decay_epochs": cfg.decay_epochs}
-    try:
-        return create_scheduler_v2(
-            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, **decay,
-            # timm annotates milestones and warmup as whole epochs; with updates_per_epoch it takes fractions
-            decay_milestones=cfg.decay_milestones,  # type: ignore[arg-type]
-            decay_rate=cfg.decay_rate, patience_epochs=cfg.patience_epochs, cooldown_epochs=cfg.cooldown_epochs,
-            warmup_epochs=cfg.warmup_epochs,  # type: ignore[arg-type]
-            warmup_lr=cfg.warmup_lr,
-            min_lr=cfg.min_lr, step_on_epochs=per_epoch, updates_per_epoch=steps_per_epoch, **cfg.sched_kwargs,
-        )
-    except TypeError as error:  # an option create_scheduler_v2 does not take
-        raise ValueError(f"sched_kwargs {cfg.sched_kwargs}: {error}") from None
 
 
 class Trainer:
@@ -110,7 +88,7 @@ class Trainer:
 
         self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                              layer_decay=cfg.layer_decay)
-        self.scheduler, self.num_epochs = _scheduler(self.optimizer, cfg, self.steps_per_epoch)
+        self.scheduler, self.num_epochs = build_scheduler(self.optimizer, cfg, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp == "fp16")
         self.ema = ModelEmaV3(self.model, decay=cfg.ema_decay) if cfg.ema_decay else None
 
