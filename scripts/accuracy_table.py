@@ -259,7 +259,8 @@ _WHERE_RUN = ("data_dir", "device", "progress", "threads", "num_workers")
 
 def _name_differences(rows: list[dict]) -> None:
     """Appends to each row's label the settings (seed aside) in which rows of one label differ,
-    e.g. ``MHA, lr 0.002``."""
+    e.g. ``MHA, lr 0.002``. A setting a row's config lacks (one written before the setting
+    existed) ran at its default, and its label says ``default``."""
     if len(rows) < 2:
         return
     flats = [_flat(_setting_of(row["config"])) for row in rows]
@@ -267,9 +268,14 @@ def _name_differences(rows: list[dict]) -> None:
     differing = [key for key in keys if key not in _WHERE_RUN
                  and len({json.dumps(flat.get(key), default=str) for flat in flats}) > 1]
     for row, flat in zip(rows, flats):
-        values = (flat.get(key) for key in differing)
-        row["label"] += "".join(f", {key} {value:g}" if isinstance(value, float) else f", {key} {value}"
-                                for key, value in zip(differing, values))
+        row["label"] += "".join(f", {key} {_setting_text(flat, key)}" for key in differing)
+
+
+def _setting_text(flat: dict[str, Any], key: str) -> str:
+    if key not in flat:
+        return "default"
+    value = flat[key]
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _mean(values: list[float]) -> float:

@@ -171,6 +171,11 @@ def test_paper_table_averages_seeds_and_plots_each_settings_margin(tmp_path, cap
     assert [row[4:6] + row[11:] for row in vit] == [
         ["MHA, lr 0.002", "1", ""], ["MHA, lr 0.004", "40.00, 42.00", ""], ["SSoG", "44.00, 45.00", "+1.50"],
         ["SSoG steer mu (cold)", "1", "-3.00"]]
+    # a setting an older config lacks ran at its default, and the label says so (not "None")
+    flows = [fake_run("fixed", "ssog_odevit_tiny_patch4_32", 46.0),
+             fake_run("moving", "ssog_odevit_tiny_patch4_32", 47.0, time_kernels=True)]
+    labels = [line.split("|")[5].strip() for line in table.paper_table(flows) if line.startswith("| odevit |")]
+    assert labels == ["SSoG, model_kwargs.time_kernels True", "SSoG, model_kwargs.time_kernels default"]
     # over seeds: Welch's interval of SSoG (44, 45) against MHA (40, 42), by hand
     intervals = table.seed_intervals(runs)
     assert "steer mu (cold) against MHA: fewer than two seeds a side" in capsys.readouterr().out
