@@ -25,3 +25,4 @@ pair vit_ssog_vs_mha vit_ssog vit_mha
 pair loopvit_ssog_vs_mha loopvit_ssog loopvit_mha
 pair odevit_ssog_vs_mha odevit_ssog odevit_mha
 pair vit_p2_ssog_vs_mha vit_ssog_p2 vit_mha_p2
+pair loopvit_p2_ssog_vs_mha loopvit_ssog_p2 loopvit_mha_p2
